@@ -1,0 +1,170 @@
+"""Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017), with the paper's presets.
+
+This file is copied next to the weights by `save_pretrained` for `trust_remote_code` users: it imports only
+`transformers` (and what `transformers` itself needs).
+"""
+
+import copy
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+
+# Paper, Table 3. Each preset is a set of changes to the base model ("model") and, separately, to the training
+# recipe ("training": read by the training code, never stored in the model config). Unlisted values are base's.
+_BASE_TRAINING = {"label_smoothing_factor": 0.1, "max_steps": 100_000, "warmup_steps": 4000}
+PRESETS: dict[str, dict[str, dict]] = {
+    "base": {"model": {}, "training": {}},
+    "big": {
+        "model": {"d_model": 1024, "d_ff": 4096, "num_heads": 16, "dropout": 0.3},
+        "training": {"max_steps": 300_000},
+    },
+    # (A) number of heads, keeping the amount of computation constant.
+    "A-h1": {"model": {"num_heads": 1, "d_k": 512, "d_v": 512}, "training": {}},
+    "A-h4": {"model": {"num_heads": 4, "d_k": 128, "d_v": 128}, "training": {}},
+    "A-h16": {"model": {"num_heads": 16, "d_k": 32, "d_v": 32}, "training": {}},
+    "A-h32": {"model": {"num_heads": 32, "d_k": 16, "d_v": 16}, "training": {}},
+    # (B) smaller attention key size d_k alone (d_v stays 64).
+    "B-dk16": {"model": {"d_k": 16}, "training": {}},
+    "B-dk32": {"model": {"d_k": 32}, "training": {}},
+    # (C) model size.
+    "C-N2": {"model": {"encoder_layers": 2, "decoder_layers": 2}, "training": {}},
+    "C-N4": {"model": {"encoder_layers": 4, "decoder_layers": 4}, "training": {}},
+    "C-N8": {"model": {"encoder_layers": 8, "decoder_layers": 8}, "training": {}},
+    "C-d256": {"model": {"d_model": 256, "d_k": 32, "d_v": 32}, "training": {}},
+    "C-d1024": {"model": {"d_model": 1024, "d_k": 128, "d_v": 128}, "training": {}},
+    "C-dff1024": {"model": {"d_ff": 1024}, "training": {}},
+    "C-dff4096": {"model": {"d_ff": 4096}, "training": {}},
+    # (D) regularisation.
+    "D-drop0.0": {"model": {"dropout": 0.0}, "training": {}},
+    "D-drop0.2": {"model": {"dropout": 0.2}, "training": {}},
+    "D-ls0.0": {"model": {}, "training": {"label_smoothing_factor": 0.0}},
+    "D-ls0.2": {"model": {}, "training": {"label_smoothing_factor": 0.2}},
+    # (E) learned positional embeddings instead of sinusoids.
+    "E-learned": {"model": {"position_encoding": "learned"}, "training": {}},
+}
+# Parameter counts (millions) the paper reports in Table 3 (for its 37k shared EN-DE vocabulary).
+PAPER_PARAMETERS_M = {
+    "base": 65, "big": 213, "B-dk16": 58, "B-dk32": 60, "C-N2": 36, "C-N4": 50, "C-N8": 80,
+    "C-d256": 28, "C-d1024": 168, "C-dff1024": 53, "C-dff4096": 90,
+}  # fmt: skip
+
+
+def available_presets() -> list[str]:
+    """Names accepted by `VaswaniTransformerConfig.from_preset`."""
+    return list(PRESETS)
+
+
+def _preset(name: str) -> dict[str, dict]:
+    if name not in PRESETS:
+        raise ValueError(f"Unknown preset {name!r}. Valid presets: {', '.join(PRESETS)}.")
+    return PRESETS[name]
+
+
+def preset_training_arguments(name: str) -> dict:
+    """The training-recipe values of a preset (label smoothing, steps, warmup), for the training code."""
+    return {**_BASE_TRAINING, **copy.deepcopy(_preset(name)["training"])}
+
+
+@strict
+class VaswaniTransformerConfig(PreTrainedConfig):
+    r"""
+    Configuration of the Transformer of "Attention Is All You Need". Defaults are the paper's base model.
+
+    d_model (`int`): size of every layer's input and output (and of the embeddings).
+    encoder_layers, decoder_layers (`int`): N, the number of identical layers in each stack.
+    num_heads (`int`): h, the number of attention heads.
+    d_ff (`int`): inner size of the position-wise feed-forward networks.
+    d_k, d_v (`int`, *optional*): per-head query/key and value sizes; default `d_model // num_heads` each.
+    dropout (`float`): P_drop, applied to every sub-layer output before the residual addition and to the sums of
+        embeddings and positional encodings.
+    attention_dropout, activation_dropout (`float`): dropout on attention weights and inside the feed-forward
+        network; 0.0 as in the paper.
+    share_embeddings (`bool`): one matrix for source embeddings, target embeddings and the pre-softmax projection.
+    scale_embedding (`bool`): multiply embeddings by sqrt(d_model).
+    position_encoding (`str`): "sinusoidal" (the paper) or "learned" (Table 3 row E).
+    max_position_embeddings (`int`): number of learned positions; unused by sinusoidal encodings (no length limit).
+    init_std (`float`, *optional*): standard deviation of the embedding initialisation; default d_model ** -0.5.
+    """
+
+    model_type = "vaswani_transformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "num_heads",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 37000
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    num_heads: int = 8
+    d_ff: int = 2048
+    d_k: int | None = None
+    d_v: int | None = None
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    share_embeddings: bool = True
+    scale_embedding: bool = True
+    position_encoding: str = "sinusoidal"
+    max_position_embeddings: int = 1024
+    init_std: float | None = None
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 1
+
+    def __post_init__(self, **kwargs):
+        self._check_fields()
+        # The three-way tie is one switch: `share_embeddings` also ties the output projection.
+        self.tie_word_embeddings = self.share_embeddings
+        super().__post_init__(**kwargs)
+
+    def _check_fields(self):
+        """Raise a ValueError naming the field and the rule for every invalid value."""
+        for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "num_heads", "d_ff",
+                     "max_position_embeddings"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)}.")
+        for name in ("d_k", "d_v"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"`{name}` must be a positive integer or None, got {value}.")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"`d_model` ({self.d_model}) must be divisible by `num_heads` ({self.num_heads}) when `d_k` or "
+                "`d_v` is not given (they default to d_model / num_heads)."
+            )
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"`{name}` must be in [0, 1), got {value}.")
+        if self.position_encoding not in ("sinusoidal", "learned"):
+            raise ValueError(
+                f"`position_encoding` must be 'sinusoidal' or 'learned', got {self.position_encoding!r}."
+            )
+        if self.init_std is not None and self.init_std <= 0:
+            raise ValueError(f"`init_std` must be positive or None, got {self.init_std}.")
+
+    @property
+    def head_dim_k(self) -> int:
+        """d_k: per-head size of queries and keys."""
+        return self.d_k if self.d_k is not None else self.d_model // self.num_heads
+
+    @property
+    def head_dim_v(self) -> int:
+        """d_v: per-head size of values."""
+        return self.d_v if self.d_v is not None else self.d_model // self.num_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "VaswaniTransformerConfig":
+        """The configuration of a paper preset ("base", "big" or a Table 3 row, see `available_presets()`)."""
+        return cls(**{**_preset(name)["model"], **overrides})
+
+
+__all__ = ["VaswaniTransformerConfig", "available_presets", "preset_training_arguments", "PRESETS"]

@@ -1,0 +1,590 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), Section 3, top to bottom.
+
+3.5 positional encoding, 3.2 attention, 3.3 feed-forward network, 3.1 encoder and decoder layers and stacks,
+3.4 embeddings and softmax. Every sub-layer is post-LN: LayerNorm(x + Dropout(Sublayer(x))).
+
+Initialisation (not specified by the paper; the one of the common reproductions, e.g. fairseq's
+`transformer_wmt_en_de`): linear layers Xavier-uniform with zero biases, embeddings N(0, d_model^-0.5) with the
+padding row zero (so that embeddings x sqrt(d_model) have unit scale and the tied output projection starts with
+logits of order 1), LayerNorm weight 1 and bias 0.
+
+This file is copied next to the weights by `save_pretrained` for `trust_remote_code` users: it imports only torch,
+transformers and sibling files under the same rule.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions, Seq2SeqLMOutput
+from transformers.modeling_outputs import Seq2SeqModelOutput
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.utils import can_return_tuple, is_torchdynamo_compiling
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_vaswani_transformer import VaswaniTransformerConfig
+from .generation import VaswaniGenerationMixin
+
+
+# 3.5 Positional encoding ---------------------------------------------------------------------------------------------
+
+
+def sinusoidal_position_encoding(
+    num_positions: int, d_model: int, offset: int = 0, device=None, dtype=torch.float32
+) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)); shape (n, d_model)."""
+    positions = torch.arange(offset, offset + num_positions, device=device, dtype=torch.float32)
+    two_i = torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
+    angles = positions[:, None] / torch.pow(10000.0, two_i / d_model)[None, :]
+    encoding = torch.zeros(num_positions, d_model, device=device, dtype=torch.float32)
+    encoding[:, 0::2] = torch.sin(angles)
+    encoding[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return encoding.to(dtype)
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Section 3.5: fixed sinusoids, computed at run time for any length (no parameters, nothing in the checkpoint)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+
+    def forward(self, seq_len: int, offset: int, like: torch.Tensor) -> torch.Tensor:
+        return sinusoidal_position_encoding(seq_len, self.d_model, offset, device=like.device, dtype=like.dtype)
+
+
+class LearnedPositionalEmbedding(nn.Embedding):
+    """Table 3 row (E): learned positional embeddings, limited to `max_position_embeddings` positions."""
+
+    def forward(self, seq_len: int, offset: int, like: torch.Tensor) -> torch.Tensor:
+        if offset + seq_len > self.num_embeddings and not is_torchdynamo_compiling():
+            raise ValueError(
+                f"Sequence of {offset + seq_len} positions is longer than the {self.num_embeddings} learned positions "
+                "(`max_position_embeddings`); truncate the input or use position_encoding='sinusoidal'."
+            )
+        positions = torch.arange(offset, offset + seq_len, device=self.weight.device)
+        return super().forward(positions).to(like.dtype)
+
+
+class TransformerEmbedding(nn.Module):
+    """Section 3.4 + 3.5: Dropout(Embedding(tokens) * sqrt(d_model) + PE)."""
+
+    def __init__(self, config: VaswaniTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        if config.position_encoding == "learned":
+            self.embed_positions = LearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
+        else:
+            self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids=None, inputs_embeds=None, offset: int = 0) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden_states = inputs_embeds * self.scale
+        hidden_states = hidden_states + self.embed_positions(hidden_states.shape[1], offset, like=hidden_states)
+        return self.dropout(hidden_states)
+
+
+# 3.2 Attention -------------------------------------------------------------------------------------------------------
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Equation (1): Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, with an additive mask."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    return output, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """Section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
+
+    def __init__(self, config: VaswaniTransformerConfig, layer_idx: int | None = None, is_causal: bool = False):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal = is_causal
+        self.num_heads = config.num_heads
+        self.d_k = config.head_dim_k
+        self.d_v = config.head_dim_v
+        self.scaling = self.d_k**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.q_proj = nn.Linear(config.d_model, self.num_heads * self.d_k)
+        self.k_proj = nn.Linear(config.d_model, self.num_heads * self.d_k)
+        self.v_proj = nn.Linear(config.d_model, self.num_heads * self.d_v)
+        self.o_proj = nn.Linear(self.num_heads * self.d_v, config.d_model)
+
+    def _heads(self, states: torch.Tensor, head_dim: int) -> torch.Tensor:
+        """(batch, length, h * d) -> (batch, h, length, d)."""
+        return states.view(*states.shape[:-1], self.num_heads, head_dim).transpose(1, 2)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        is_cross_attention = key_value_states is not None
+        query = self._heads(self.q_proj(hidden_states), self.d_k)
+
+        cache = past_key_values
+        if isinstance(past_key_values, EncoderDecoderCache):
+            cache = past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
+        if is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            # The source sentence does not change while decoding: its keys and values are computed once.
+            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        else:
+            source = key_value_states if is_cross_attention else hidden_states
+            key = self._heads(self.k_proj(source), self.d_k)
+            value = self._heads(self.v_proj(source), self.d_v)
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)
+                if is_cross_attention:
+                    past_key_values.is_updated[self.layer_idx] = True
+
+        attention_interface: Callable = eager_attention_forward
+        if self.config._attn_implementation != "eager" and not kwargs.get("output_attentions", False):
+            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        output, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        output = output.reshape(*hidden_states.shape[:-1], self.num_heads * self.d_v)
+        return self.o_proj(output), weights
+
+
+# 3.3 Position-wise feed-forward network ------------------------------------------------------------------------------
+
+
+class PositionwiseFeedForward(nn.Module):
+    """Equation (2): FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, config: VaswaniTransformerConfig):
+        super().__init__()
+        self.w1 = nn.Linear(config.d_model, config.d_ff)
+        self.w2 = nn.Linear(config.d_ff, config.d_model)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.activation_dropout(torch.relu(self.w1(x))))
+
+
+# 3.1 Encoder and decoder layers --------------------------------------------------------------------------------------
+
+
+class SublayerConnection(nn.Module):
+    """Section 3.1 / 5.4: LayerNorm(x + Dropout(Sublayer(x))), the post-LN residual connection."""
+
+    def __init__(self, config: VaswaniTransformerConfig):
+        super().__init__()
+        self.dropout = nn.Dropout(config.dropout)
+        self.layer_norm = nn.LayerNorm(config.d_model)
+
+    def forward(self, x: torch.Tensor, sublayer_output: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(x + self.dropout(sublayer_output))
+
+
+class EncoderLayer(GradientCheckpointingLayer):
+    """Section 3.1: self-attention, then the feed-forward network, each in a post-LN residual connection."""
+
+    def __init__(self, config: VaswaniTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config, layer_idx)
+        self.self_attn_residual = SublayerConnection(config)
+        self.feed_forward = PositionwiseFeedForward(config)
+        self.feed_forward_residual = SublayerConnection(config)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
+        attended, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
+        hidden_states = self.self_attn_residual(hidden_states, attended)
+        return self.feed_forward_residual(hidden_states, self.feed_forward(hidden_states))
+
+
+class DecoderLayer(GradientCheckpointingLayer):
+    """Section 3.1: masked self-attention, encoder-decoder attention, feed-forward network, each post-LN."""
+
+    def __init__(self, config: VaswaniTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config, layer_idx, is_causal=True)
+        self.self_attn_residual = SublayerConnection(config)
+        self.encoder_attn = MultiHeadAttention(config, layer_idx)
+        self.encoder_attn_residual = SublayerConnection(config)
+        self.feed_forward = PositionwiseFeedForward(config)
+        self.feed_forward_residual = SublayerConnection(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        attended, _ = self.self_attn(
+            hidden_states, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs
+        )
+        hidden_states = self.self_attn_residual(hidden_states, attended)
+        attended, _ = self.encoder_attn(
+            hidden_states,
+            key_value_states=encoder_hidden_states,
+            attention_mask=encoder_attention_mask,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+        hidden_states = self.encoder_attn_residual(hidden_states, attended)
+        return self.feed_forward_residual(hidden_states, self.feed_forward(hidden_states))
+
+
+# Pre-trained model base: initialisation and common checks ------------------------------------------------------------
+
+
+class VaswaniTransformerPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and loading conventions shared by the Transformer models."""
+
+    config: VaswaniTransformerConfig
+    config_class = VaswaniTransformerConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["EncoderLayer", "DecoderLayer"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _can_compile_fullgraph = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        """Xavier-uniform linears with zero bias; embeddings N(0, d_model^-0.5) with a zero padding row."""
+        if isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+    def _check_token_ids(self, ids: torch.Tensor | None, name: str):
+        """Raise a ValueError naming the id when a token id is outside the vocabulary (not a bare index error)."""
+        if ids is None or is_torchdynamo_compiling() or ids.numel() == 0:
+            return
+        vocab_size = self.config.vocab_size
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            bad = high if high >= vocab_size else low
+            raise ValueError(f"{name} contains token id {bad}, outside the vocabulary of size {vocab_size}.")
+
+
+# 3.1 Encoder and decoder stacks --------------------------------------------------------------------------------------
+
+
+class VaswaniTransformerEncoder(VaswaniTransformerPreTrainedModel):
+    """Section 3.1: the encoder, a stack of N identical layers over the embedded source."""
+
+    _can_record_outputs = {"hidden_states": EncoderLayer, "attentions": MultiHeadAttention}
+
+    def __init__(self, config: VaswaniTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__(config)
+        self.embedding = TransformerEmbedding(config, embed_tokens)
+        self.layers = nn.ModuleList([EncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embedding.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.embedding.embed_tokens = value
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs) -> BaseModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Give exactly one of input_ids or inputs_embeds to the encoder.")
+        self._check_token_ids(input_ids, "input_ids")
+        hidden_states = self.embedding(input_ids, inputs_embeds)
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
+        )
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
+    """Section 3.1: the decoder, a stack of N identical layers attending to itself (causally) and to the encoder."""
+
+    _can_record_outputs = {
+        "hidden_states": DecoderLayer,
+        "attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(self, config: VaswaniTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__(config)
+        self.embedding = TransformerEmbedding(config, embed_tokens)
+        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.decoder_layers)])
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embedding.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.embedding.embed_tokens = value
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        past_key_values: Cache | None = None,
+        inputs_embeds=None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Give exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
+        self._check_token_ids(input_ids, "decoder_input_ids")
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+
+        hidden_states = self.embedding(input_ids, inputs_embeds, offset=past_length)
+        self_attention_cache = (
+            past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else None
+        )
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            past_key_values=self_attention_cache,
+            position_ids=torch.arange(past_length, past_length + hidden_states.shape[1], device=hidden_states.device)[
+                None
+            ],
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,
+                encoder_attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
+        )
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels: the start token, then the labels without their last token (-100 -> pad)."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
+    """The encoder-decoder of Figure 1, without the output projection; returns the decoder's last hidden states."""
+
+    def __init__(self, config: VaswaniTransformerConfig):
+        super().__init__(config)
+        if config.share_embeddings:
+            # Section 3.4: one matrix for source and target embeddings (and, with a head, the output projection).
+            self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+            encoder_embeddings = decoder_embeddings = self.shared
+            self._tied_weights_keys = {
+                "encoder.embedding.embed_tokens.weight": "shared.weight",
+                "decoder.embedding.embed_tokens.weight": "shared.weight",
+            }
+        else:
+            encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+            decoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = VaswaniTransformerEncoder(config, encoder_embeddings)
+        self.decoder = VaswaniTransformerDecoder(config, decoder_embeddings)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        if self.config.share_embeddings:
+            self.shared = value
+            self.decoder.set_input_embeddings(value)
+        self.encoder.set_input_embeddings(value)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        past_key_values: Cache | None = None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+# 3.4 Output projection and softmax -----------------------------------------------------------------------------------
+
+
+class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedModel, VaswaniGenerationMixin):
+    """Figure 1 whole: encoder-decoder plus the pre-softmax linear projection (tied to the embeddings)."""
+
+    def __init__(self, config: VaswaniTransformerConfig):
+        super().__init__(config)
+        self.model = VaswaniTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.share_embeddings:
+            self._tied_weights_keys = {
+                "lm_head.weight": "model.shared.weight",
+                "model.encoder.embedding.embed_tokens.weight": "model.shared.weight",
+                "model.decoder.embedding.embed_tokens.weight": "model.shared.weight",
+            }
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear):
+        self.lm_head = value
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        past_key_values: Cache | None = None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.float().view(-1, logits.shape[-1]), labels.to(logits.device).view(-1), ignore_index=-100
+            )
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+
+__all__ = [
+    "VaswaniTransformerPreTrainedModel",
+    "VaswaniTransformerModel",
+    "VaswaniTransformerForConditionalGeneration",
+    "sinusoidal_position_encoding",
+]

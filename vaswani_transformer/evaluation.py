@@ -1,0 +1,381 @@
+"""BLEU evaluation: sacreBLEU + chrF with signatures, and the paper's tokenized, compound-split BLEU.
+
+The scores come from the `evaluate` module shipped in this package (`metrics/paper_bleu/paper_bleu.py`, loaded
+offline by path with `evaluate.load`); its docstring states exactly how the paper-comparable tokenized BLEU
+is computed and how it differs from tensor2tensor's `get_ende_bleu.sh` (Moses tokenizer + ##AT## compound
+splitting + multi-bleu.perl).
+
+- `compute_translation_metrics(hypotheses, references, target_lang=...)`: all scores as a dict.
+- `make_compute_metrics(tokenizer, target_lang)`: `compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`.
+- `evaluate_model(model_or_path, sources, references, ...)`: translate a test set and write the JSON report
+  that the model card reads (`evaluation_report` builds it from hypotheses alone).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import inspect
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .metrics.paper_bleu.paper_bleu import _reference_streams, split_compounds, tokenized_bleu
+
+
+PathLike = str | os.PathLike
+
+
+def paper_bleu_path() -> str:
+    """Path of the packaged `paper_bleu` evaluate module (works from a source tree and an installed wheel)."""
+    path = importlib.resources.files("vaswani_transformer") / "metrics" / "paper_bleu" / "paper_bleu.py"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"The packaged metric module {path} is missing; reinstall vaswani-transformer (package-data "
+            "must include metrics/*/*.py)."
+        )
+    return str(path)
+
+
+@functools.cache
+def load_paper_bleu():
+    """The `paper_bleu` metric, loaded once per process with `evaluate.load(<local path>)` (no network)."""
+    import evaluate
+
+    return evaluate.load(paper_bleu_path(), keep_in_memory=True)
+
+
+def compute_translation_metrics(
+    hypotheses: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    target_lang: str = "",
+    tokenize: str | None = None,
+    lowercase: bool = False,
+    compound_split: bool = True,
+) -> dict[str, Any]:
+    """sacreBLEU (`bleu`, `bleu_signature`), chrF (`chrf`, `chrf_signature`) and the paper's tokenized BLEU
+    (`tokenized_bleu`, `tokenized_bleu_signature`), plus BLEU's counts/totals/precisions/bp/sys_len/ref_len
+    and `num_sentences`. Scores are on a 0-100 scale.
+
+    `references` holds one string per hypothesis, or a list of the same number of strings per hypothesis.
+    `target_lang` selects sacreBLEU's tokenizer for that language (13a unless zh/ja/ko); `tokenize` overrides it.
+    """
+    hypotheses, references = list(hypotheses), list(references)
+    _reference_streams(hypotheses, references)  # clear errors before `evaluate` converts to Arrow
+    return load_paper_bleu().compute(
+        predictions=hypotheses,
+        references=references,
+        target_lang=target_lang or "",
+        tokenize=tokenize,
+        lowercase=lowercase,
+        compound_split=compound_split,
+    )
+
+
+def make_compute_metrics(tokenizer, target_lang: str = "", tokenize: str | None = None) -> Callable:
+    """A `compute_metrics` for `Seq2SeqTrainer` run with `predict_with_generate=True`.
+
+    Decodes generated ids and labels (-100, the Trainer's padding and the ignored label positions, become the
+    pad id; special tokens are skipped) and returns `bleu` (sacreBLEU), `chrf`, `tokenized_bleu` and `gen_len`
+    (mean number of non-pad generated tokens), which the Trainer logs as `eval_bleu`, ...
+    """
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise ValueError("The tokenizer has no pad token; make_compute_metrics needs one to decode -100 padding.")
+
+    def compute_metrics(eval_pred) -> dict[str, float]:
+        predictions, labels = eval_pred[0], eval_pred[1]
+        if isinstance(predictions, tuple):
+            predictions = predictions[0]
+        predictions, labels = np.asarray(predictions), np.asarray(labels)
+        if predictions.ndim != 2 or not np.issubdtype(predictions.dtype, np.integer):
+            raise ValueError(
+                f"compute_metrics expects generated token ids (2-D integers), got an array of shape "
+                f"{predictions.shape} and dtype {predictions.dtype}: run Seq2SeqTrainer with "
+                "predict_with_generate=True."
+            )
+        predictions = np.where(predictions < 0, pad_id, predictions)
+        labels = np.where(labels < 0, pad_id, labels)
+        hypotheses = tokenizer.batch_decode(predictions, skip_special_tokens=True)
+        references = tokenizer.batch_decode(labels, skip_special_tokens=True)
+        scores = compute_translation_metrics(hypotheses, references, target_lang=target_lang, tokenize=tokenize)
+        return {
+            "bleu": scores["bleu"],
+            "chrf": scores["chrf"],
+            "tokenized_bleu": scores["tokenized_bleu"],
+            "gen_len": float(np.mean(np.count_nonzero(predictions != pad_id, axis=1))),
+        }
+
+    return compute_metrics
+
+
+# ----------------------------------------------------------------------------------------------- reading text
+
+
+def read_lines(path: PathLike) -> list[str]:
+    """The lines of a UTF-8 text file, stripped of surrounding whitespace.
+
+    Raises a ValueError naming the file and line for invalid UTF-8 and for empty lines (a test set with an
+    empty segment is malformed; dropping it would silently change the test set).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file.")
+    lines = []
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{number}: invalid UTF-8 ({error.reason} at byte {error.start}).") from None
+            text = text.strip()
+            if not text:
+                raise ValueError(f"{path}:{number}: empty line; every test segment needs text.")
+            lines.append(text)
+    if not lines:
+        raise ValueError(f"{path}: the file is empty.")
+    return lines
+
+
+def _as_lines(value, what: str) -> tuple[list[str], str | None]:
+    """(lines, file name or None) from a path or a sequence of strings."""
+    if isinstance(value, (str, os.PathLike)):
+        return read_lines(value), str(value)
+    lines = list(value)
+    for i, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise TypeError(f"{what} {i} is a {type(line).__name__}, expected a string.")
+        if not line.strip():
+            raise ValueError(f"{what} {i} is empty; every test segment needs text.")
+    return lines, None
+
+
+def _from_dataset(dataset, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    """Sources and references from a `datasets.Dataset` in the `{"translation": {lang: text}}` form."""
+    if "translation" not in dataset.column_names:
+        raise ValueError(
+            f"The dataset has columns {dataset.column_names}; expected a 'translation' column of "
+            "{language: text} dicts."
+        )
+    if not source_lang or not target_lang:
+        raise ValueError("source_lang and target_lang are required to read a translation dataset.")
+    sources, references = [], []
+    for i, pair in enumerate(dataset["translation"]):
+        for lang in (source_lang, target_lang):
+            if lang not in pair or pair[lang] is None:
+                raise ValueError(f"Dataset row {i} has no {lang!r} text (keys: {sorted(pair)}).")
+        sources.append(pair[source_lang])
+        references.append(pair[target_lang])
+    return sources, references
+
+
+# ------------------------------------------------------------------------------------------------ translating
+
+
+def generate_translate_lines(
+    model,
+    tokenizer,
+    lines: Sequence[str],
+    num_beams: int = 4,
+    length_penalty: float = 0.6,
+    max_length_offset: int = 50,
+    batch_size: int = 32,
+) -> list[str]:
+    """Translate with `model.generate` in fixed-size batches (fallback when `vaswani_transformer.inference` is
+    not available). Beam 4, at most input length + 50 new tokens (paper, Section 6.1); note that
+    transformers' `length_penalty` divides scores by length**alpha, which is not the paper's GNMT penalty.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    hypotheses = []
+    for start in tqdm(range(0, len(lines), batch_size), desc="Translating", unit="batch"):
+        batch = tokenizer(list(lines[start : start + batch_size]), return_tensors="pt", padding=True)
+        batch = {key: batch[key].to(model.device) for key in ("input_ids", "attention_mask")}
+        with torch.no_grad():
+            output = model.generate(
+                **batch,
+                num_beams=num_beams,
+                length_penalty=length_penalty,
+                max_new_tokens=batch["input_ids"].shape[1] + max_length_offset,
+                early_stopping=True,
+            )
+        hypotheses.extend(tokenizer.batch_decode(output, skip_special_tokens=True))
+    return hypotheses
+
+
+def default_translate_fn() -> Callable:
+    """`vaswani_transformer.inference.translate_lines` (paper decoding) if present, else `generate_translate_lines`."""
+    try:
+        from .inference import translate_lines
+    except ModuleNotFoundError as error:
+        if error.name != f"{__package__}.inference":
+            raise  # the inference module exists but one of its own imports is missing: do not hide that
+        return generate_translate_lines
+    return translate_lines
+
+
+def decoding_settings(translate_fn: Callable, decoding: dict | None = None) -> dict[str, Any]:
+    """The settings a `translate_fn(model, tokenizer, lines, **decoding)` call uses: its keyword defaults
+    (JSON-representable ones) updated with `decoding`, and the function's qualified name."""
+    settings: dict[str, Any] = {}
+    try:
+        parameters = list(inspect.signature(translate_fn).parameters.values())[3:]
+    except (TypeError, ValueError):
+        parameters = []
+    for parameter in parameters:
+        if parameter.default is not inspect.Parameter.empty and isinstance(
+            parameter.default, (bool, int, float, str, type(None))
+        ):
+            settings[parameter.name] = parameter.default
+    settings.update(decoding or {})
+    name = getattr(translate_fn, "__qualname__", type(translate_fn).__name__)
+    settings["translate_fn"] = f"{getattr(translate_fn, '__module__', '?')}.{name}"
+    return settings
+
+
+# -------------------------------------------------------------------------------------------------- reporting
+
+
+def evaluation_report(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    source_lang: str = "",
+    target_lang: str = "",
+    model: str | None = None,
+    decoding: dict | None = None,
+    tokenize: str | None = None,
+    output_json: PathLike | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Score `hypotheses` and return (and write to `output_json`) the report the model card reads.
+
+    Fields: model, source_lang, target_lang, num_sentences, sacrebleu, sacrebleu_signature, chrf,
+    chrf_signature, tokenized_bleu, tokenized_bleu_signature, bleu_details (counts, totals, precisions, bp,
+    sys_len, ref_len), decoding, plus any `extra` fields (e.g. source_file, reference_file).
+    """
+    scores = compute_translation_metrics(hypotheses, references, target_lang=target_lang, tokenize=tokenize)
+    report = {
+        "model": model,
+        "source_lang": source_lang,
+        "target_lang": target_lang,
+        "num_sentences": scores["num_sentences"],
+        "sacrebleu": scores["bleu"],
+        "sacrebleu_signature": scores["bleu_signature"],
+        "chrf": scores["chrf"],
+        "chrf_signature": scores["chrf_signature"],
+        "tokenized_bleu": scores["tokenized_bleu"],
+        "tokenized_bleu_signature": scores["tokenized_bleu_signature"],
+        "bleu_details": {k: scores[k] for k in ("counts", "totals", "precisions", "bp", "sys_len", "ref_len")},
+        "decoding": decoding,
+        **extra,
+    }
+    if output_json is not None:
+        output_json = Path(output_json)
+        output_json.parent.mkdir(parents=True, exist_ok=True)
+        output_json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return report
+
+
+def evaluate_model(
+    model_or_path,
+    sources=None,
+    references=None,
+    *,
+    tokenizer=None,
+    dataset=None,
+    source_lang: str = "",
+    target_lang: str = "",
+    translate_fn: Callable | None = None,
+    decoding: dict | None = None,
+    tokenize: str | None = None,
+    output_json: PathLike | None = None,
+    hypotheses_file: PathLike | None = None,
+) -> dict[str, Any]:
+    """Translate a test set and score it (see `evaluation_report` for the returned/written fields).
+
+    model_or_path: a seq2seq model, or a folder that `AutoModelForSeq2SeqLM`/`AutoTokenizer` load (then the
+        tokenizer comes from the same folder unless given).
+    sources, references: files (one segment per line, UTF-8) or lists of strings, aligned line by line; or
+        give `dataset`, a `datasets.Dataset` with a `translation` column, plus `source_lang`/`target_lang`.
+    translate_fn: `translate_fn(model, tokenizer, lines, **decoding) -> list[str]`; default
+        `default_translate_fn()` (the paper's decoding from `vaswani_transformer.inference` when present).
+    hypotheses_file: where to write the translations, one per line.
+    """
+    import torch
+
+    if dataset is not None:
+        if sources is not None or references is not None:
+            raise ValueError("Give either `dataset` or `sources` and `references`, not both.")
+        sources, references = _from_dataset(dataset, source_lang, target_lang)
+        source_name = reference_name = None
+    else:
+        if sources is None or references is None:
+            raise ValueError("Both `sources` and `references` are required (or a `dataset`).")
+        sources, source_name = _as_lines(sources, "Source")
+        references, reference_name = _as_lines(references, "Reference")
+    if len(sources) != len(references):
+        raise ValueError(
+            f"{source_name or 'sources'} has {len(sources)} segments but {reference_name or 'references'} has "
+            f"{len(references)}: they must be aligned line by line."
+        )
+
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        model_name = str(model_or_path)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(model_or_path)
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_or_path)
+    else:
+        model = model_or_path
+        model_name = getattr(model, "name_or_path", None) or type(model).__name__
+        if tokenizer is None:
+            raise ValueError("Pass `tokenizer` when `model_or_path` is a model object.")
+    model.eval()
+
+    translate_fn = translate_fn or default_translate_fn()
+    with torch.inference_mode():
+        hypotheses = list(translate_fn(model, tokenizer, sources, **(decoding or {})))
+    if len(hypotheses) != len(sources):
+        raise RuntimeError(f"translate_fn returned {len(hypotheses)} translations for {len(sources)} sources.")
+    if hypotheses_file is not None:
+        hypotheses_file = Path(hypotheses_file)
+        hypotheses_file.parent.mkdir(parents=True, exist_ok=True)
+        hypotheses_file.write_text("".join(h.replace("\n", " ") + "\n" for h in hypotheses), encoding="utf-8")
+
+    extra = {"source_file": source_name, "reference_file": reference_name}
+    if hypotheses_file is not None:
+        extra["hypotheses_file"] = str(hypotheses_file)
+    return evaluation_report(
+        hypotheses,
+        references,
+        source_lang=source_lang,
+        target_lang=target_lang,
+        model=model_name,
+        decoding=decoding_settings(translate_fn, decoding),
+        tokenize=tokenize,
+        output_json=output_json,
+        **extra,
+    )
+
+
+__all__ = [
+    "compute_translation_metrics",
+    "decoding_settings",
+    "default_translate_fn",
+    "evaluate_model",
+    "evaluation_report",
+    "generate_translate_lines",
+    "load_paper_bleu",
+    "make_compute_metrics",
+    "paper_bleu_path",
+    "read_lines",
+    "split_compounds",
+    "tokenized_bleu",
+]

@@ -1,0 +1,1 @@
+"""Evaluation modules shipped with the package (loadable with `evaluate.load(<path>)` offline)."""

@@ -1,0 +1,1 @@
+"""The `paper_bleu` evaluate module: see `paper_bleu.py`."""

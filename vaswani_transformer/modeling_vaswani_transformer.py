@@ -168,8 +168,10 @@ class MultiHeadAttention(nn.Module):
                     past_key_values.is_updated[self.layer_idx] = True
 
         attention_interface: Callable = eager_attention_forward
-        if self.config._attn_implementation != "eager" and not kwargs.get("output_attentions", False):
-            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        implementation = self.config._attn_implementation
+        # SDPA cannot return the weights; its masks are boolean tensors that the eager path takes as they are.
+        if implementation != "eager" and not (implementation == "sdpa" and kwargs.get("output_attentions", False)):
+            attention_interface = ALL_ATTENTION_FUNCTIONS[implementation]
         output, weights = attention_interface(
             self,
             query,
@@ -340,7 +342,10 @@ class VaswaniTransformerEncoder(VaswaniTransformerPreTrainedModel):
         self._check_token_ids(input_ids, "input_ids")
         hidden_states = self.embedding(input_ids, inputs_embeds)
         attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            allow_is_bidirectional_skip=not kwargs.get("output_attentions", False),
         )
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
@@ -385,6 +390,8 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
         self._check_token_ids(input_ids, "decoder_input_ids")
+        # Weights are returned through the eager path, which needs explicit masks (no is_causal shortcut).
+        output_attentions = kwargs.get("output_attentions", False)
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -401,12 +408,14 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
             position_ids=torch.arange(past_length, past_length + hidden_states.shape[1], device=hidden_states.device)[
                 None
             ],
+            allow_is_causal_skip=not output_attentions,
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=hidden_states,
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
+            allow_is_bidirectional_skip=not output_attentions,
         )
         for layer in self.layers:
             hidden_states = layer(

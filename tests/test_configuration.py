@@ -1,0 +1,110 @@
+"""The configuration: paper field names, validation, presets and their parameter counts (Table 3)."""
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from vaswani_transformer import (
+    VaswaniTransformerConfig,
+    VaswaniTransformerForConditionalGeneration,
+    available_presets,
+    preset_training_arguments,
+)
+from vaswani_transformer.configuration_vaswani_transformer import PAPER_PARAMETERS_M
+
+
+def count_parameters(config: VaswaniTransformerConfig) -> int:
+    """Unique parameters of the full model (tied matrices once), built on the meta device (no memory, no init)."""
+    with torch.device("meta"):
+        model = VaswaniTransformerForConditionalGeneration(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_defaults_are_the_base_model():
+    config = VaswaniTransformerConfig()
+    assert (config.d_model, config.encoder_layers, config.decoder_layers, config.num_heads, config.d_ff) == (
+        512, 6, 6, 8, 2048,
+    )  # fmt: skip
+    assert config.head_dim_k == config.head_dim_v == 64
+    assert config.dropout == 0.1 and config.attention_dropout == 0.0 and config.activation_dropout == 0.0
+    assert config.share_embeddings and config.scale_embedding and config.position_encoding == "sinusoidal"
+    assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (512, 8, 6)
+
+
+@pytest.mark.parametrize("name", available_presets())
+def test_every_preset_has_the_paper_parameter_count(name):
+    """Table 3 with a shared 37k vocabulary: within 7% of the paper where it reports a count; rows (A), (D) and the
+    label-smoothing rows leave the size unchanged; (E) adds the learned position table."""
+    count = count_parameters(VaswaniTransformerConfig.from_preset(name, vocab_size=37000))
+    base = count_parameters(VaswaniTransformerConfig(vocab_size=37000))
+    if name in PAPER_PARAMETERS_M:
+        assert abs(count / 1e6 - PAPER_PARAMETERS_M[name]) / PAPER_PARAMETERS_M[name] < 0.07, count
+    elif name == "E-learned":
+        assert count == base + 2 * 1024 * 512  # one learned table per stack
+    else:
+        assert count == base
+
+
+def test_base_and_big_counts():
+    assert round(count_parameters(VaswaniTransformerConfig.from_preset("base")) / 1e6) == 63
+    assert round(count_parameters(VaswaniTransformerConfig.from_preset("big")) / 1e6) == 214
+
+
+def test_presets_hold_table3_values():
+    big = VaswaniTransformerConfig.from_preset("big")
+    assert (big.d_model, big.d_ff, big.num_heads, big.dropout) == (1024, 4096, 16, 0.3)
+    b16 = VaswaniTransformerConfig.from_preset("B-dk16")
+    assert (b16.head_dim_k, b16.head_dim_v) == (16, 64)
+    a1 = VaswaniTransformerConfig.from_preset("A-h1")
+    assert (a1.num_heads, a1.head_dim_k, a1.head_dim_v) == (1, 512, 512)
+    assert VaswaniTransformerConfig.from_preset("E-learned").position_encoding == "learned"
+    assert VaswaniTransformerConfig.from_preset("C-N2", dropout=0.2).dropout == 0.2  # overrides win
+    # Training values of a row live with the training recipe, not in the model config.
+    assert preset_training_arguments("D-ls0.2")["label_smoothing_factor"] == 0.2
+    assert preset_training_arguments("base") == {"label_smoothing_factor": 0.1, "max_steps": 100_000, "warmup_steps": 4000}
+    assert preset_training_arguments("big")["max_steps"] == 300_000
+    assert "label_smoothing_factor" not in VaswaniTransformerConfig.from_preset("D-ls0.2").to_dict()
+
+
+def test_unknown_preset_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="Unknown preset 'huge'.*base, big"):
+        VaswaniTransformerConfig.from_preset("huge")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"d_model": 500}, r"`d_model` \(500\) must be divisible by `num_heads` \(8\)"),
+        ({"d_model": 0}, r"`d_model` must be a positive integer"),
+        ({"num_heads": -1}, r"`num_heads` must be a positive integer"),
+        ({"d_ff": 0}, r"`d_ff` must be a positive integer"),
+        ({"encoder_layers": 0}, r"`encoder_layers` must be a positive integer"),
+        ({"vocab_size": 0}, r"`vocab_size` must be a positive integer"),
+        ({"d_k": 0}, r"`d_k` must be a positive integer"),
+        ({"dropout": 1.0}, r"`dropout` must be in \[0, 1\)"),
+        ({"attention_dropout": -0.1}, r"`attention_dropout` must be in \[0, 1\)"),
+        ({"activation_dropout": 1.5}, r"`activation_dropout` must be in \[0, 1\)"),
+        ({"position_encoding": "rotary"}, r"`position_encoding` must be 'sinusoidal' or 'learned'"),
+    ],
+)
+def test_invalid_values_fail_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        VaswaniTransformerConfig(**kwargs)
+
+
+def test_explicit_head_sizes_lift_the_divisibility_rule():
+    config = VaswaniTransformerConfig(d_model=500, num_heads=8, d_k=64, d_v=64)
+    assert config.head_dim_k == 64
+
+
+def test_round_trip_through_disk_and_autoconfig(tmp_path):
+    config = VaswaniTransformerConfig.from_preset("B-dk32", vocab_size=1234)
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(loaded, VaswaniTransformerConfig)
+    assert loaded.to_diff_dict() == config.to_diff_dict()
+
+
+def test_share_embeddings_switches_output_tie():
+    assert VaswaniTransformerConfig(share_embeddings=False).tie_word_embeddings is False
+    assert VaswaniTransformerConfig().tie_word_embeddings is True

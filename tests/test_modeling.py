@@ -1,0 +1,402 @@
+"""The model against the paper's equations and against independent float64 references."""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModel, AutoModelForSeq2SeqLM
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import Seq2SeqModelOutput
+
+from vaswani_transformer import (
+    VaswaniTransformerConfig,
+    VaswaniTransformerForConditionalGeneration,
+    VaswaniTransformerModel,
+    sinusoidal_position_encoding,
+)
+
+PAD = 0
+
+
+def tiny_config(**overrides) -> VaswaniTransformerConfig:
+    values = dict(vocab_size=50, d_model=32, encoder_layers=2, decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0)
+    return VaswaniTransformerConfig(**{**values, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides) -> VaswaniTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    return VaswaniTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
+
+
+def random_ids(batch: int, length: int, seed: int = 1, vocab_size: int = 50) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(4, vocab_size, (batch, length), generator=generator)
+
+
+# --- 3.5 positional encoding -----------------------------------------------------------------------------------------
+
+
+def test_positional_encoding_is_the_paper_formula_in_float64():
+    num_positions, d_model = 300, 64
+    expected = torch.empty(num_positions, d_model, dtype=torch.float64)
+    for pos in range(num_positions):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            expected[pos, 2 * i] = math.sin(angle)
+            expected[pos, 2 * i + 1] = math.cos(angle)
+    actual = sinusoidal_position_encoding(num_positions, d_model)
+    torch.testing.assert_close(actual.double(), expected, atol=5e-5, rtol=0)
+    # Any length, any offset: the encoding is computed, not looked up in a table.
+    torch.testing.assert_close(sinusoidal_position_encoding(5, d_model, offset=295), actual[295:])
+    assert sinusoidal_position_encoding(5000, 8).shape == (5000, 8)
+
+
+def test_sinusoidal_encoding_is_not_in_the_checkpoint():
+    state = tiny_model().state_dict()
+    assert not any("position" in name for name in state)
+
+
+def test_embeddings_are_scaled_then_positions_added():
+    model = tiny_model()
+    ids = random_ids(1, 6)
+    embedding = model.model.encoder.embedding
+    expected = model.model.shared.weight[ids] * math.sqrt(32) + sinusoidal_position_encoding(6, 32)
+    torch.testing.assert_close(embedding(ids), expected)
+
+
+# --- reference implementation of one layer, written from the paper in float64 ----------------------------------------
+
+
+def reference_attention(attn, queries, keys_values, mask):
+    """Multi-head attention written out: per-head projections, softmax(QK^T / sqrt(d_k)) V, concatenation, W^O."""
+    h, d_k, d_v = attn.num_heads, attn.d_k, attn.d_v
+    q = queries @ attn.q_proj.weight.T + attn.q_proj.bias
+    k = keys_values @ attn.k_proj.weight.T + attn.k_proj.bias
+    v = keys_values @ attn.v_proj.weight.T + attn.v_proj.bias
+    heads = []
+    for i in range(h):
+        qi, ki, vi = q[..., i * d_k : (i + 1) * d_k], k[..., i * d_k : (i + 1) * d_k], v[..., i * d_v : (i + 1) * d_v]
+        scores = qi @ ki.transpose(-1, -2) / math.sqrt(d_k)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        heads.append(torch.softmax(scores, dim=-1) @ vi)
+    return torch.cat(heads, dim=-1) @ attn.o_proj.weight.T + attn.o_proj.bias
+
+
+def reference_layer_norm(x, norm):
+    mean = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+
+def reference_ffn(ffn, x):
+    return torch.clamp(x @ ffn.w1.weight.T + ffn.w1.bias, min=0) @ ffn.w2.weight.T + ffn.w2.bias
+
+
+def test_encoder_layer_is_post_ln():
+    model = tiny_model().double()
+    layer = model.model.encoder.layers[0]
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    keep = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    mask = keep[:, None, :]  # (batch, query, key)
+    with torch.no_grad():
+        h = reference_layer_norm(x + reference_attention(layer.self_attn, x, x, mask), layer.self_attn_residual.layer_norm)
+        expected = reference_layer_norm(h + reference_ffn(layer.feed_forward, h), layer.feed_forward_residual.layer_norm)
+        actual = layer(x, keep[:, None, None, :].expand(2, 1, 5, 5))
+    torch.testing.assert_close(actual, expected)
+
+
+def test_decoder_layer_is_post_ln_with_causal_self_attention_and_cross_attention():
+    model = tiny_model().double()
+    layer = model.model.decoder.layers[1]
+    y = torch.randn(2, 4, 32, dtype=torch.float64)
+    memory = torch.randn(2, 6, 32, dtype=torch.float64)
+    source_keep = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    causal = torch.tril(torch.ones(4, 4, dtype=torch.bool))
+    with torch.no_grad():
+        h = reference_layer_norm(y + reference_attention(layer.self_attn, y, y, causal), layer.self_attn_residual.layer_norm)
+        h = reference_layer_norm(
+            h + reference_attention(layer.encoder_attn, h, memory, source_keep[:, None, :]),
+            layer.encoder_attn_residual.layer_norm,
+        )
+        expected = reference_layer_norm(h + reference_ffn(layer.feed_forward, h), layer.feed_forward_residual.layer_norm)
+        actual = layer(y, causal[None, None].expand(2, 1, 4, 4), memory, source_keep[:, None, None, :].expand(2, 1, 4, 6))
+    torch.testing.assert_close(actual, expected)
+
+
+def test_no_final_layer_norm_after_the_stacks():
+    """Post-LN: the stack's output is the last layer's output; nothing else is applied."""
+    model = tiny_model()
+    names = [name for name, _ in model.named_modules() if name.endswith("norm")]
+    assert len(names) == 2 * 2 + 3 * 2  # two LayerNorms per encoder layer, three per decoder layer, nothing else
+
+
+def test_different_key_and_value_sizes():
+    model = tiny_model(d_k=4, d_v=16)
+    attn = model.model.encoder.layers[0].self_attn
+    assert attn.q_proj.out_features == attn.k_proj.out_features == 16 and attn.v_proj.out_features == 64
+    assert attn.scaling == pytest.approx(4**-0.5)
+    ids = random_ids(2, 5)
+    assert model(input_ids=ids, labels=ids).logits.shape == (2, 5, 50)
+
+
+# --- the whole model --------------------------------------------------------------------------------------------------
+
+
+def test_loss_is_cross_entropy_ignoring_minus_100_and_decoder_inputs_are_shifted_labels():
+    model = tiny_model()
+    ids = random_ids(2, 7)
+    labels = random_ids(2, 5, seed=2)
+    labels[1, 3:] = -100
+    out = model(input_ids=ids, labels=labels)
+    decoder_input_ids = torch.cat([torch.full((2, 1), 1), labels[:, :-1].clamp(min=0)], dim=1)
+    decoder_input_ids[1, 4] = PAD
+    explicit = model(input_ids=ids, decoder_input_ids=decoder_input_ids)
+    torch.testing.assert_close(out.logits, explicit.logits)
+    expected = torch.nn.functional.cross_entropy(explicit.logits[labels != -100], labels[labels != -100])
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_base_model_returns_seq2seq_model_output():
+    torch.manual_seed(0)
+    model = VaswaniTransformerModel(tiny_config()).eval()
+    out = model(input_ids=random_ids(2, 5), decoder_input_ids=random_ids(2, 3))
+    assert isinstance(out, Seq2SeqModelOutput) and out.last_hidden_state.shape == (2, 3, 32)
+
+
+def test_causality():
+    """Changing decoder tokens after position t leaves the logits up to t unchanged."""
+    model = tiny_model()
+    source = random_ids(1, 6)
+    target = random_ids(1, 8, seed=3)
+    changed = target.clone()
+    changed[0, 5:] = random_ids(1, 3, seed=4)
+    with torch.no_grad():
+        a = model(input_ids=source, decoder_input_ids=target).logits
+        b = model(input_ids=source, decoder_input_ids=changed).logits
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+def test_padding_invariance():
+    """A padded batch gives the same outputs as each sentence alone."""
+    model = tiny_model()
+    sources = [random_ids(1, n, seed=n)[0] for n in (7, 3, 5)]
+    targets = [random_ids(1, n, seed=10 + n)[0] for n in (2, 6, 4)]
+
+    def pad(rows):
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), PAD)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = r
+        return ids, (ids != PAD).long()
+
+    src, src_mask = pad(sources)
+    tgt, tgt_mask = pad(targets)
+    with torch.no_grad():
+        batched = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask)
+        for i, (s, t) in enumerate(zip(sources, targets)):
+            alone = model(input_ids=s[None], decoder_input_ids=t[None]).logits[0]
+            torch.testing.assert_close(batched.logits[i, : len(t)], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_incremental_decoding_with_cache_equals_full_forward():
+    model = tiny_model()
+    source = random_ids(2, 6)
+    source_mask = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0]])
+    target = random_ids(2, 5, seed=5)
+    with torch.no_grad():
+        full = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target).logits
+        encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=source_mask)
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        steps = []
+        for t in range(target.shape[1]):
+            out = model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=source_mask,
+                decoder_input_ids=target[:, t : t + 1],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_keys_and_values_are_computed_once_per_source():
+    model = tiny_model()
+    calls = []
+    model.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(lambda *args: calls.append(1))
+    model.generate(input_ids=random_ids(1, 5), num_beams=1, do_sample=False, max_new_tokens=6, min_new_tokens=6)
+    assert len(calls) == 1
+
+
+def test_greedy_generation_with_and_without_cache_is_identical():
+    model = tiny_model()
+    source = random_ids(3, 6)
+    kwargs = dict(num_beams=1, do_sample=False, max_new_tokens=10)
+    with_cache = model.generate(input_ids=source, use_cache=True, **kwargs)
+    without_cache = model.generate(input_ids=source, use_cache=False, **kwargs)
+    assert torch.equal(with_cache, without_cache)
+
+
+def test_eager_and_sdpa_agree(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    eager = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    sdpa = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    assert (eager.config._attn_implementation, sdpa.config._attn_implementation) == ("eager", "sdpa")
+    source = random_ids(2, 7)
+    mask = torch.tensor([[1] * 7, [1, 1, 1, 1, 1, 0, 0]])
+    target = random_ids(2, 4, seed=2)
+    with torch.no_grad():
+        a = eager(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+        b = sdpa(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_is_the_default():
+    assert tiny_model().config._attn_implementation == "sdpa"
+
+
+def test_output_attentions_and_hidden_states_for_every_layer():
+    model = tiny_model(encoder_layers=3, decoder_layers=2)
+    source = random_ids(2, 6)
+    out = model(input_ids=source, decoder_input_ids=random_ids(2, 4), output_attentions=True, output_hidden_states=True)
+    assert len(out.encoder_attentions) == 3 and len(out.decoder_attentions) == 2 and len(out.cross_attentions) == 2
+    assert out.encoder_attentions[0].shape == (2, 4, 6, 6)
+    assert out.decoder_attentions[0].shape == (2, 4, 4, 4)
+    assert out.cross_attentions[0].shape == (2, 4, 4, 6)
+    torch.testing.assert_close(out.encoder_attentions[0].sum(-1), torch.ones(2, 4, 6))
+    assert torch.all(out.decoder_attentions[1].triu(diagonal=1) == 0)  # causal
+    assert len(out.encoder_hidden_states) >= 3 and len(out.decoder_hidden_states) >= 2
+    torch.testing.assert_close(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    source, labels = random_ids(2, 6), random_ids(2, 5, seed=2)
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_model().train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model(input_ids=source, labels=labels).loss.backward()
+        grads.append(model.model.encoder.layers[0].self_attn.q_proj.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_token_id_outside_vocabulary_is_a_clear_error():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="input_ids contains token id 57, outside the vocabulary of size 50"):
+        model(input_ids=torch.tensor([[5, 57, 2]]), labels=torch.tensor([[4, 2]]))
+    with pytest.raises(ValueError, match="decoder_input_ids contains token id 50"):
+        model(input_ids=torch.tensor([[5, 2]]), decoder_input_ids=torch.tensor([[1, 50]]))
+
+
+def test_learned_positions_row_e_and_its_length_limit():
+    model = tiny_model(position_encoding="learned", max_position_embeddings=8)
+    assert "model.encoder.embedding.embed_positions.weight" in model.state_dict()
+    model(input_ids=random_ids(1, 8), labels=random_ids(1, 3))
+    with pytest.raises(ValueError, match="9 positions is longer than the 8 learned positions"):
+        model(input_ids=random_ids(1, 9), labels=random_ids(1, 3))
+
+
+# --- tying -------------------------------------------------------------------------------------------------------------
+
+
+def assert_three_way_tied(model):
+    shared = model.model.shared.weight
+    assert model.model.encoder.get_input_embeddings().weight is shared
+    assert model.model.decoder.get_input_embeddings().weight is shared
+    assert model.get_output_embeddings().weight is shared
+
+
+def test_tying_survives_save_load_resize_and_a_training_step(tmp_path):
+    model = tiny_model()
+    assert_three_way_tied(model)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    assert isinstance(loaded, VaswaniTransformerForConditionalGeneration)
+    assert_three_way_tied(loaded)
+    torch.testing.assert_close(loaded.model.shared.weight, model.model.shared.weight)
+
+    loaded.resize_token_embeddings(64)
+    assert_three_way_tied(loaded)
+    assert loaded.model.shared.weight.shape == (64, 32) and loaded.config.vocab_size == 64
+
+    loaded.train()
+    optimizer = torch.optim.Adam(loaded.parameters(), lr=1e-2)
+    loaded(input_ids=random_ids(2, 5, vocab_size=64), labels=random_ids(2, 4, seed=3, vocab_size=64)).loss.backward()
+    optimizer.step()
+    assert_three_way_tied(loaded)
+    assert not torch.allclose(loaded.model.shared.weight[:50], model.model.shared.weight)
+
+
+def test_untied_embeddings_when_not_shared(tmp_path):
+    model = tiny_model(share_embeddings=False)
+    weights = {
+        id(model.model.encoder.get_input_embeddings().weight),
+        id(model.model.decoder.get_input_embeddings().weight),
+        id(model.get_output_embeddings().weight),
+    }
+    assert len(weights) == 3
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    torch.testing.assert_close(loaded.lm_head.weight, model.lm_head.weight)
+
+
+def test_initialisation():
+    torch.manual_seed(0)
+    model = VaswaniTransformerForConditionalGeneration(tiny_config(vocab_size=4000, d_model=64))
+    embedding = model.model.shared.weight
+    assert torch.all(embedding[PAD] == 0)
+    assert embedding[1:].std().item() == pytest.approx(64**-0.5, rel=0.05)
+    w1 = model.model.encoder.layers[0].feed_forward.w1
+    bound = math.sqrt(6 / (w1.in_features + w1.out_features))
+    assert w1.weight.abs().max() <= bound and w1.weight.abs().max() > 0.9 * bound
+    assert torch.all(w1.bias == 0)
+
+
+# --- registration and remote code --------------------------------------------------------------------------------------
+
+
+def test_auto_classes(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    assert isinstance(AutoModel.from_pretrained(tmp_path), VaswaniTransformerModel)
+    assert isinstance(AutoModelForSeq2SeqLM.from_config(tiny_config()), VaswaniTransformerForConditionalGeneration)
+
+
+def test_saved_folder_carries_auto_map_and_code(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    import json
+
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"].endswith(
+        "modeling_vaswani_transformer.VaswaniTransformerForConditionalGeneration"
+    )
+    for name in ("configuration_vaswani_transformer.py", "modeling_vaswani_transformer.py", "generation.py"):
+        assert (tmp_path / name).exists()
+    assert (tmp_path / "model.safetensors").exists()
+
+
+def test_remote_code_in_a_process_without_the_package_gives_identical_logits(tmp_path, python_without_package):
+    model = tiny_model()
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    source = random_ids(2, 6)
+    target = random_ids(2, 4, seed=2)
+    torch.save({"source": source, "target": target}, tmp_path / "inputs.pt")
+    python_without_package(
+        f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        inputs = torch.load({str(tmp_path / "inputs.pt")!r})
+        with torch.no_grad():
+            logits = model(input_ids=inputs["source"], decoder_input_ids=inputs["target"]).logits
+        torch.save(logits, {str(tmp_path / "logits.pt")!r})
+        """
+    )
+    with torch.no_grad():
+        expected = model(input_ids=source, decoder_input_ids=target).logits
+    assert torch.equal(torch.load(tmp_path / "logits.pt"), expected)

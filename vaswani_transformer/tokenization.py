@@ -1,0 +1,280 @@
+"""One shared source/target subword vocabulary, as in the paper (section 5.1).
+
+The paper used a shared byte-pair-encoding vocabulary of about 37,000 tokens for English-German and a 32,000
+word-piece vocabulary for English-French. :func:`train_tokenizer` trains either with the `tokenizers` library
+and returns a :class:`transformers.PreTrainedTokenizerFast` that is saved with ``save_pretrained`` and loaded
+back with ``AutoTokenizer.from_pretrained(folder)``.
+
+Scheme (the same for ``bpe`` and ``wordpiece``):
+
+* **Normalisation: Unicode NFC only.** Nothing is lower-cased, stripped or collapsed; the tokenizer sees the
+  NFC form of the text. Consequently ``decode(encode(text)) == unicodedata.normalize("NFC", text)`` for every
+  string, which is *exactly* ``text`` for ordinary (already composed) text - including accents, digits,
+  punctuation, tabs, newlines, leading/trailing and repeated spaces. Decomposed input (e.g. ``"e" + U+0301``)
+  comes back composed (``"é"``).
+* **Pre-tokenisation: byte-level** (GPT-2 style, no added prefix space). Every UTF-8 byte has a base token, so
+  no text ever maps to ``<unk>`` (``<unk>`` exists only because the shared conventions reserve id 3).
+* **Word-pieces** continue a word with the prefix :data:`WORDPIECE_CONTINUATION_PREFIX` (``"＃＃"``, full-width
+  number signs). It is deliberately *not* ``"##"``: ``#`` is a byte-level character, so ``"##"`` would make
+  ``"##tag"`` ambiguous to decode. Every byte also gets a continuation token, so word-pieces never need
+  ``<unk>`` either.
+* **Special tokens** ``<pad>``=0, ``<s>``=1, ``</s>``=2, ``<unk>``=3 (first in the vocabulary). The
+  post-processor appends ``</s>`` to every encoded sequence - sources and ``text_target=`` alike - and adds no
+  ``<s>``: the decoder start token ``<s>`` is prepended by the label shift, not by the tokenizer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
+
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)  # ids 0, 1, 2, 3 in this order
+PAD_TOKEN_ID, BOS_TOKEN_ID, EOS_TOKEN_ID, UNK_TOKEN_ID = 0, 1, 2, 3
+WORDPIECE_CONTINUATION_PREFIX = "\uff03\uff03"  # "＃＃": never produced by the byte-level alphabet
+TOKENIZER_MODELS = ("bpe", "wordpiece")
+DEFAULT_MODEL_MAX_LENGTH = 1024
+
+
+def _byte_alphabet() -> list[str]:
+    return sorted(pre_tokenizers.ByteLevel.alphabet())
+
+
+def _base_tokenizer(model: str) -> Tokenizer:
+    """An untrained tokenizer with the project's normaliser, pre-tokenizer and decoder."""
+    if model == "bpe":
+        tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+        decoder = decoders.ByteLevel()
+    elif model == "wordpiece":
+        tokenizer = Tokenizer(
+            models.WordPiece(
+                unk_token=UNK_TOKEN,
+                continuing_subword_prefix=WORDPIECE_CONTINUATION_PREFIX,
+                # a pre-token is a byte-level word or run of spaces/punctuation: never give up on it
+                max_input_chars_per_word=1_000_000,
+            )
+        )
+        decoder = decoders.Sequence(
+            [decoders.Replace(Regex("^" + WORDPIECE_CONTINUATION_PREFIX), ""), decoders.ByteLevel()]
+        )
+    else:
+        raise ValueError(f"Unknown tokenizer model {model!r}; expected one of {TOKENIZER_MODELS}.")
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoder
+    return tokenizer
+
+
+def _eos_post_processor() -> processors.TemplateProcessing:
+    return processors.TemplateProcessing(
+        single=f"$A:0 {EOS_TOKEN}:0",
+        pair=f"$A:0 {EOS_TOKEN}:0 $B:1 {EOS_TOKEN}:1",
+        special_tokens=[(EOS_TOKEN, EOS_TOKEN_ID)],
+    )
+
+
+def _add_wordpiece_continuations(tokenizer: Tokenizer, vocab_size: int) -> Tokenizer:
+    """Give every byte a continuation piece so that no word ever falls back to ``<unk>``.
+
+    To stay within ``vocab_size``, the most recently learned multi-character pieces make room (a word-piece
+    vocabulary is a plain set: greedy longest-match works with any subset that keeps the single characters).
+    """
+    vocab = tokenizer.get_vocab()
+    protected = set(SPECIAL_TOKENS) | set(_byte_alphabet())
+    needed = [
+        WORDPIECE_CONTINUATION_PREFIX + c for c in _byte_alphabet() if WORDPIECE_CONTINUATION_PREFIX + c not in vocab
+    ]
+    if not needed:
+        return tokenizer
+    protected.update(needed)
+    by_id = sorted(vocab, key=vocab.__getitem__)
+    overflow = max(0, len(by_id) + len(needed) - vocab_size)
+    if overflow:
+        removable = [t for t in reversed(by_id) if t not in protected and not (
+            t.startswith(WORDPIECE_CONTINUATION_PREFIX) and len(t) == len(WORDPIECE_CONTINUATION_PREFIX) + 1)]
+        dropped = set(removable[:overflow])
+        by_id = [t for t in by_id if t not in dropped]
+    new_vocab = {token: i for i, token in enumerate(by_id + needed)}
+    rebuilt = Tokenizer(
+        models.WordPiece(
+            vocab=new_vocab,
+            unk_token=UNK_TOKEN,
+            continuing_subword_prefix=WORDPIECE_CONTINUATION_PREFIX,
+            max_input_chars_per_word=1_000_000,
+        )
+    )
+    rebuilt.normalizer = tokenizer.normalizer
+    rebuilt.pre_tokenizer = tokenizer.pre_tokenizer
+    rebuilt.decoder = tokenizer.decoder
+    rebuilt.add_special_tokens(list(SPECIAL_TOKENS))
+    return rebuilt
+
+
+def wrap_tokenizer(tokenizer: Tokenizer, model_max_length: int = DEFAULT_MODEL_MAX_LENGTH) -> PreTrainedTokenizerFast:
+    """Wrap a trained `tokenizers.Tokenizer` as the project's `PreTrainedTokenizerFast` (ids and post-processor checked)."""
+    for token, expected in zip(SPECIAL_TOKENS, range(len(SPECIAL_TOKENS))):
+        actual = tokenizer.token_to_id(token)
+        if actual != expected:
+            raise ValueError(f"Special token {token!r} has id {actual}, expected {expected}.")
+    tokenizer.post_processor = _eos_post_processor()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        # explicit so that transformers rebuilds exactly "$A </s>" if it ever regenerates the post-processor
+        add_bos_token=False,
+        add_eos_token=True,
+        clean_up_tokenization_spaces=False,  # decoding must not touch spaces before punctuation
+        model_max_length=model_max_length,
+        padding_side="right",
+    )
+
+
+def count_lines(path: str | os.PathLike) -> int:
+    """Number of lines of a text file (a final line without newline counts), read in binary chunks."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+def iter_text_files(paths: Sequence[str | os.PathLike]) -> Iterator[str]:
+    """Yield the lines of plain UTF-8 text files one by one (no newline); invalid UTF-8 names file and line."""
+    for path in paths:
+        with open(path, "rb") as f:
+            for line_number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ValueError(f"{path}:{line_number}: invalid UTF-8 ({err.reason} at byte {err.start}).") from None
+                yield line.rstrip("\r\n")
+
+
+def train_tokenizer(
+    texts: Iterable[str] | None = None,
+    *,
+    files: Sequence[str | os.PathLike] | None = None,
+    vocab_size: int = 37000,
+    model: str = "bpe",
+    min_frequency: int = 2,
+    length: int | None = None,
+    show_progress: bool = True,
+    output_dir: str | os.PathLike | None = None,
+    model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+) -> PreTrainedTokenizerFast:
+    """Train one shared source+target vocabulary and return it as a `PreTrainedTokenizerFast`.
+
+    Args:
+        texts: any iterable of sentences (both languages mixed); consumed once, never held in memory. Use
+            :func:`vaswani_transformer.data.iter_parallel_texts` for a dataset.
+        files: plain text files, one sentence per line (both sides, e.g. ``train.en`` and ``train.de``); read
+            lazily. May be combined with ``texts``.
+        vocab_size: maximum size *including* the 4 special tokens; smaller when the corpus has fewer merges to
+            offer. (``wordpiece`` always contains a continuation piece for each of the 256 bytes.)
+        model: ``"bpe"`` (paper EN-DE) or ``"wordpiece"`` (paper EN-FR).
+        length: number of texts, only for the progress bar (counted automatically for ``files``).
+        output_dir: if given, ``save_pretrained`` there.
+
+    See the module docstring for the exact normalisation (NFC only) and the round-trip guarantee.
+    """
+    if texts is None and not files:
+        raise ValueError("train_tokenizer needs `texts` or `files`.")
+    if vocab_size <= len(SPECIAL_TOKENS) + 256:
+        raise ValueError(f"vocab_size={vocab_size} is too small: the byte alphabet and special tokens need 261.")
+    for path in files or ():
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"Tokenizer training file not found: {path}")
+    tokenizer = _base_tokenizer(model)
+    common = dict(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=_byte_alphabet(),
+        show_progress=show_progress,
+    )
+    if model == "bpe":
+        trainer = trainers.BpeTrainer(**common)
+    else:
+        trainer = trainers.WordPieceTrainer(**common, continuing_subword_prefix=WORDPIECE_CONTINUATION_PREFIX)
+
+    def all_texts() -> Iterator[str]:
+        if files:
+            yield from iter_text_files(files)
+        if texts is not None:
+            yield from texts
+
+    if length is None and files and texts is None:
+        length = sum(count_lines(p) for p in files)
+    tokenizer.train_from_iterator(all_texts(), trainer=trainer, length=length)
+    if model == "wordpiece":
+        tokenizer = _add_wordpiece_continuations(tokenizer, vocab_size)
+    hf_tokenizer = wrap_tokenizer(tokenizer, model_max_length=model_max_length)
+    if output_dir is not None:
+        hf_tokenizer.save_pretrained(output_dir)
+        logger.info("Saved a %s tokenizer with %d tokens to %s", model, len(hf_tokenizer), output_dir)
+    return hf_tokenizer
+
+
+def expected_roundtrip(text: str) -> str:
+    """What ``decode(encode(text), skip_special_tokens=True)`` returns: the NFC form of ``text``."""
+    return unicodedata.normalize("NFC", text)
+
+
+def config_kwargs_from_tokenizer(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
+    """The config fields a tokenizer determines: ``VaswaniTransformerConfig(**config_kwargs_from_tokenizer(tok))``."""
+    return {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "decoder_start_token_id": tokenizer.bos_token_id,
+    }
+
+
+def check_tokenizer_matches_config(tokenizer: PreTrainedTokenizerFast, config: Any) -> None:
+    """Raise ``ValueError`` naming every disagreement between a tokenizer and a model config.
+
+    Rules (decided here, for the whole project):
+
+    * every token id must have an embedding row: ``len(tokenizer) <= config.vocab_size``. A *larger* config
+      vocabulary is accepted (e.g. padded to a multiple of 8); its extra rows are never targets, so training
+      pushes their logits down. A smaller one is an error.
+    * ``pad/bos/eos`` ids must be equal, and ``decoder_start_token_id`` must be the tokenizer's ``<s>`` id.
+    * ``</s>`` must be appended by the tokenizer (a model trained without it never learns to stop).
+    """
+    problems = []
+    size = len(tokenizer)
+    config_size = getattr(config, "vocab_size", None)
+    if config_size is None or size > config_size:
+        problems.append(
+            f"tokenizer has {size} tokens (ids 0..{size - 1}) but config.vocab_size={config_size}: "
+            "ids would fall outside the embedding"
+        )
+    pairs = [
+        ("pad_token_id", tokenizer.pad_token_id),
+        ("bos_token_id", tokenizer.bos_token_id),
+        ("eos_token_id", tokenizer.eos_token_id),
+        ("decoder_start_token_id", tokenizer.bos_token_id),
+    ]
+    for name, token_id in pairs:
+        config_id = getattr(config, name, None)
+        if config_id != token_id:
+            which = "bos_token_id (<s>)" if name == "decoder_start_token_id" else name
+            problems.append(f"config.{name}={config_id} but tokenizer {which}={token_id}")
+    probe = tokenizer("a")["input_ids"]
+    if not probe or probe[-1] != tokenizer.eos_token_id:
+        problems.append(f"tokenizer does not append eos ({tokenizer.eos_token!r}) to encoded text: {probe}")
+    if problems:
+        raise ValueError("Tokenizer and model config disagree: " + "; ".join(problems) + ".")

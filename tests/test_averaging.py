@@ -1,0 +1,216 @@
+"""Checkpoint averaging: the result is the float64 mean of the newest complete checkpoints, loadable and tied."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
+from vaswani_transformer.averaging import AVERAGING_RECORD_NAME, average_checkpoints, find_checkpoints
+
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = "the cat sat on a mat die katze sitzt auf der matte .".split()
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def tiny_model(d_model=16, seed=0) -> VaswaniTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = VaswaniTransformerConfig(
+        vocab_size=4 + len(WORDS), d_model=d_model, encoder_layers=1, decoder_layers=1, num_heads=2, d_ff=32
+    )
+    return VaswaniTransformerForConditionalGeneration(config)
+
+
+def write_checkpoint(model, path: Path, tokenizer=None, trainer_state=True):
+    model.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    if trainer_state:
+        (path / "trainer_state.json").write_text(json.dumps({"global_step": int(path.name.split("-")[1])}))
+
+
+def make_run(run_dir: Path, steps, seed=0) -> Path:
+    """A run directory with checkpoints of one model whose weights change (randomly) at every step."""
+    model, tokenizer = tiny_model(seed=seed), tiny_tokenizer()
+    model.generation_config.num_beams = 4  # something to recognise in the output's generation config
+    for step in steps:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        write_checkpoint(model, run_dir / f"checkpoint-{step}", tokenizer)
+    return run_dir
+
+
+def expected_mean(checkpoints) -> dict:
+    """Independent reference: stack every stored tensor in float64 and take the mean."""
+    states = [load_file(Path(c) / "model.safetensors") for c in checkpoints]
+    return {k: torch.stack([s[k].double() for s in states]).mean(0).float() for k in states[0]}
+
+
+def assert_weights(model, expected: dict):
+    params = model.state_dict()
+    for name, value in expected.items():
+        torch.testing.assert_close(params[name], value, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_average_equals_mean_of_newest_and_loads_tied(tmp_path):
+    run = make_run(tmp_path / "run", [100, 20, 300, 40])  # step order, not name order, decides "last"
+    result = average_checkpoints(run, num_last=3, output_dir=tmp_path / "avg")
+
+    newest3 = [run / "checkpoint-40", run / "checkpoint-100", run / "checkpoint-300"]
+    assert result.checkpoints == newest3 and result.skipped == {}
+    averaged = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg")
+    assert isinstance(averaged, VaswaniTransformerForConditionalGeneration)
+    assert_weights(averaged, expected_mean(newest3))
+    # Tied embeddings are still one tensor after loading the averaged folder.
+    assert averaged.get_input_embeddings().weight.data_ptr() == averaged.get_output_embeddings().weight.data_ptr()
+    assert averaged.get_input_embeddings().weight is averaged.get_output_embeddings().weight
+    # Config, generation config and tokenizer come along.
+    saved_config = json.loads((tmp_path / "avg" / "config.json").read_text())
+    assert saved_config == json.loads((newest3[-1] / "config.json").read_text())
+    assert averaged.generation_config.num_beams == 4
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "avg")
+    assert tokenizer("the cat").input_ids == tiny_tokenizer()("the cat").input_ids
+    record = json.loads((tmp_path / "avg" / AVERAGING_RECORD_NAME).read_text())
+    assert record["checkpoints"] == [str(p) for p in newest3] and record["num_checkpoints"] == 3
+
+
+def test_accumulates_in_float64(tmp_path):
+    # 1e8 + 1 - 1e8 is 0 in float32 but 1 in float64: only float64 accumulation gives the mean 1/3.
+    model, names = tiny_model(), []
+    name = "model.encoder.layers.0.self_attn_residual.layer_norm.weight"
+    for step, value in zip((1, 2, 3), (1e8, 1.0, -1e8)):
+        with torch.no_grad():
+            model.state_dict()[name][0] = value
+        write_checkpoint(model, tmp_path / "run" / f"checkpoint-{step}")
+        names.append(step)
+    with pytest.warns(UserWarning, match="No tokenizer files"):
+        average_checkpoints(tmp_path / "run", num_last=3, output_dir=tmp_path / "avg")
+    averaged = load_file(tmp_path / "avg" / "model.safetensors")
+    assert averaged[name].dtype == torch.float32
+    assert averaged[name][0].item() == pytest.approx(1 / 3, rel=1e-6)
+
+
+def test_bfloat16_checkpoints_are_cast_back(tmp_path):
+    model = tiny_model().to(torch.bfloat16)
+    for step in (1, 2):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        write_checkpoint(model, tmp_path / "run" / f"checkpoint-{step}", tiny_tokenizer())
+    average_checkpoints(tmp_path / "run", num_last=2, output_dir=tmp_path / "avg")
+    averaged, ckpts = load_file(tmp_path / "avg" / "model.safetensors"), sorted((tmp_path / "run").iterdir())
+    states = [load_file(c / "model.safetensors") for c in ckpts]
+    for name, tensor in averaged.items():
+        assert tensor.dtype == torch.bfloat16, name
+        assert torch.equal(tensor, torch.stack([s[name].double() for s in states]).mean(0).to(torch.bfloat16))
+
+
+def test_incomplete_checkpoints_are_skipped_with_a_warning(tmp_path):
+    run = make_run(tmp_path / "run", [10, 20, 30, 40, 50, 60])
+    (run / "checkpoint-60" / "trainer_state.json").unlink()  # still being written
+    weights = run / "checkpoint-50" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated
+    (run / "checkpoint-40" / "model.safetensors").unlink()
+    (run / "checkpoint-70").mkdir()  # created, nothing written yet
+    (run / "not-a-checkpoint").mkdir()
+
+    with pytest.warns(UserWarning) as caught:
+        result = average_checkpoints(run, num_last=2, output_dir=tmp_path / "avg")
+    messages = "\n".join(str(w.message) for w in caught)
+    for name, reason in [("checkpoint-70", "missing model.safetensors"), ("checkpoint-60", "trainer_state.json"),
+                         ("checkpoint-50", "unreadable model.safetensors"), ("checkpoint-40", "missing model.safetensors")]:  # fmt: skip
+        assert any(name in line and reason in line for line in messages.splitlines()), (name, messages)
+    assert result.checkpoints == [run / "checkpoint-20", run / "checkpoint-30"]
+    assert set(result.skipped) == {str(run / f"checkpoint-{s}") for s in (40, 50, 60, 70)}
+    assert_weights(AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg"), expected_mean(result.checkpoints))
+
+
+def test_too_few_valid_checkpoints_is_a_clear_error(tmp_path):
+    run = make_run(tmp_path / "run", [1, 2, 3])
+    (run / "checkpoint-3" / "trainer_state.json").unlink()
+    with pytest.warns(UserWarning, match="checkpoint-3"):
+        with pytest.raises(ValueError, match=r"last 5 checkpoints.*found only 2 valid \(checkpoint-1, checkpoint-2\)"
+                           r".*checkpoint-3: missing trainer_state.json"):  # fmt: skip
+            average_checkpoints(run, num_last=5, output_dir=tmp_path / "avg")
+    assert not (tmp_path / "avg").exists()
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        average_checkpoints(tmp_path / "missing", output_dir=tmp_path / "avg")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="contains no checkpoint-<step> folders"):
+        average_checkpoints(tmp_path / "empty", output_dir=tmp_path / "avg")
+    run = make_run(tmp_path / "run", [1, 2])
+    with pytest.raises(ValueError, match="num_last must be a positive integer"):
+        average_checkpoints(run, num_last=0, output_dir=tmp_path / "avg")
+    with pytest.raises(ValueError, match="is one of the checkpoints being averaged"):
+        average_checkpoints(run, num_last=2, output_dir=run / "checkpoint-2")
+    # Checkpoints of different models cannot be averaged.
+    write_checkpoint(tiny_model(d_model=32), tmp_path / "other" / "checkpoint-3")
+    with pytest.raises(ValueError, match=r"Tensor .* is .* in .*checkpoint-1 but .* in .*checkpoint-3"):
+        average_checkpoints([run / "checkpoint-1", tmp_path / "other" / "checkpoint-3"], num_last=2,
+                            output_dir=tmp_path / "avg")  # fmt: skip
+
+
+def test_explicit_list_and_all(tmp_path):
+    run = make_run(tmp_path / "run", [1, 2, 3, 4])
+    chosen = [run / "checkpoint-3", run / "checkpoint-1"]
+    result = average_checkpoints(chosen, num_last=None, output_dir=tmp_path / "avg")
+    assert result.checkpoints == [run / "checkpoint-1", run / "checkpoint-3"]
+    assert_weights(AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg"), expected_mean(chosen))
+    assert find_checkpoints(run) == [run / f"checkpoint-{s}" for s in (1, 2, 3, 4)]
+
+
+@pytest.mark.slow
+def test_cli_averages_trainer_checkpoints(tmp_path):
+    """Real `Seq2SeqTrainer` checkpoints, averaged by the script in a subprocess."""
+    from datasets import Dataset
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    tokenizer, model = tiny_tokenizer(), tiny_model()
+    pairs = [("the cat sat", "die katze sitzt"), ("on a mat", "auf der matte")] * 4
+    data = Dataset.from_dict({"src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]}).map(
+        lambda b: tokenizer(b["src"], text_target=b["tgt"]), batched=True, remove_columns=["src", "tgt"]
+    )
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=3, save_steps=1, per_device_train_batch_size=4,
+        learning_rate=1e-2, report_to=[], use_cpu=True, logging_strategy="no", disable_tqdm=True,
+    )  # fmt: skip
+    Seq2SeqTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
+                   data_collator=DataCollatorForSeq2Seq(tokenizer, model=model)).train()  # fmt: skip
+
+    run = tmp_path / "run"
+    (run / "checkpoint-3" / "trainer_state.json").unlink()  # pretend the last one is half-written
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), str(run), "--num-last", "2",
+               "--output-dir", str(tmp_path / "avg")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Skipping checkpoint" in done.stderr and "checkpoint-3" in done.stderr
+    averaged = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg")
+    assert_weights(averaged, expected_mean([run / "checkpoint-1", run / "checkpoint-2"]))
+    assert averaged.get_input_embeddings().weight.data_ptr() == averaged.get_output_embeddings().weight.data_ptr()
+    assert AutoTokenizer.from_pretrained(tmp_path / "avg").pad_token_id == 0
+
+    command[command.index("2")] = "5"
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1 and "found only 2 valid" in done.stderr

@@ -1,0 +1,250 @@
+"""Checkpoint averaging (paper, Section 6.1: the base models average the last 5 checkpoints, the big ones 20).
+
+`average_checkpoints(run_dir_or_list, num_last, output_dir)` averages the parameters of the newest `num_last`
+complete Trainer checkpoints (`checkpoint-<step>` folders with `model.safetensors` and `trainer_state.json`)
+in float64, casts each tensor back to its stored dtype and writes a folder that `from_pretrained` loads:
+weights through the model class (`save_pretrained`, so tied embeddings stay one tensor), config, generation
+config and the tokenizer of the newest checkpoint (or of the run directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import SAFE_WEIGHTS_NAME
+
+
+TRAINER_STATE_NAME = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME (not importable cheaply)
+AVERAGING_RECORD_NAME = "averaged_checkpoints.json"
+_CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+
+
+@dataclass
+class AveragingResult:
+    """What `average_checkpoints` did: the averaged checkpoints (oldest first) and the skipped ones."""
+
+    output_dir: Path
+    checkpoints: list[Path]
+    skipped: dict[str, str] = field(default_factory=dict)
+    tokenizer_source: Path | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "checkpoints": [str(p) for p in self.checkpoints],
+            "num_checkpoints": len(self.checkpoints),
+            "skipped": self.skipped,
+            "tokenizer_source": str(self.tokenizer_source) if self.tokenizer_source else None,
+        }
+
+
+def checkpoint_step(path: os.PathLike | str) -> int | None:
+    """The step of a `checkpoint-<step>` folder, None for other names."""
+    match = _CHECKPOINT_RE.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def find_checkpoints(run_dir: os.PathLike | str) -> list[Path]:
+    """The `checkpoint-<step>` folders of a Trainer output directory, oldest (lowest step) first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such directory.")
+    found = [p for p in run_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` is not a complete checkpoint (None if it looks complete; weights are read later)."""
+    if not path.is_dir():
+        return "not a directory"
+    weights = path / SAFE_WEIGHTS_NAME
+    if not weights.is_file():
+        return f"missing {SAFE_WEIGHTS_NAME}"
+    if weights.stat().st_size == 0:
+        return f"empty {SAFE_WEIGHTS_NAME}"
+    state = path / TRAINER_STATE_NAME
+    if not state.is_file():
+        return f"missing {TRAINER_STATE_NAME} (checkpoint not finished)"
+    try:
+        json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"unreadable {TRAINER_STATE_NAME}: {error}"
+    return None
+
+
+def _candidates(run_dir_or_list) -> tuple[list[Path], Path | None]:
+    """(candidate checkpoints oldest first, run directory or None)."""
+    if isinstance(run_dir_or_list, (str, os.PathLike)):
+        run_dir = Path(run_dir_or_list)
+        if checkpoint_step(run_dir) is not None and not find_checkpoints(run_dir):
+            raise ValueError(
+                f"{run_dir} is a single checkpoint; pass the run directory that contains the checkpoint-<step> "
+                "folders, or a list of checkpoints."
+            )
+        candidates = find_checkpoints(run_dir)
+        if not candidates:
+            raise ValueError(f"{run_dir} contains no {PREFIX_CHECKPOINT_DIR}-<step> folders.")
+        return candidates, run_dir
+    candidates = [Path(p) for p in run_dir_or_list]
+    if not candidates:
+        raise ValueError("Got an empty list of checkpoints.")
+    if len(set(map(os.path.realpath, candidates))) != len(candidates):
+        raise ValueError(f"The same checkpoint is listed twice in {[str(p) for p in candidates]}.")
+    if all(checkpoint_step(p) is not None for p in candidates):
+        candidates.sort(key=checkpoint_step)  # "last" = highest steps; otherwise the given order
+    return candidates, None
+
+
+def _tokenizer_source(folders: Sequence[Path | None]) -> Path | None:
+    for folder in folders:
+        if folder is not None and ((folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()):
+            return folder
+    return None
+
+
+def average_checkpoints(
+    run_dir_or_list: os.PathLike | str | Sequence[os.PathLike | str],
+    num_last: int | None = 5,
+    output_dir: os.PathLike | str | None = None,
+    model_class=None,
+) -> AveragingResult:
+    """Average the newest `num_last` complete checkpoints into `output_dir` and return what was done.
+
+    run_dir_or_list: a Trainer output directory (its `checkpoint-<step>` folders are the candidates) or a
+        list of checkpoint folders ("last" = highest steps when all are named `checkpoint-<step>`, else the
+        end of the list).
+    num_last: how many to average (paper: 5 for base, 20 for big); None averages every valid candidate.
+    model_class: class whose `from_pretrained` loads a checkpoint (default `AutoModelForSeq2SeqLM`).
+
+    A candidate without a readable `model.safetensors` or without `trainer_state.json` (a half-written
+    checkpoint) is skipped with a warning naming it; fewer valid checkpoints than `num_last` is a ValueError
+    listing what was found and what was skipped. Floating tensors are averaged in float64 and cast back to
+    their stored dtype; other tensors (integer buffers) must be identical in every checkpoint. The output
+    also gets `averaged_checkpoints.json` recording the averaged and skipped checkpoints.
+    """
+    if num_last is not None and (not isinstance(num_last, int) or num_last < 1):
+        raise ValueError(f"num_last must be a positive integer or None, got {num_last!r}.")
+    if output_dir is None:
+        raise ValueError("output_dir is required.")
+    output_dir = Path(output_dir)
+    candidates, run_dir = _candidates(run_dir_or_list)
+    if any(os.path.realpath(output_dir) == os.path.realpath(c) for c in candidates):
+        raise ValueError(f"output_dir {output_dir} is one of the checkpoints being averaged; choose another folder.")
+
+    wanted = len(candidates) if num_last is None else num_last
+    sums: dict[str, torch.Tensor] = {}
+    reference: dict[str, torch.Tensor] = {}  # newest valid checkpoint: names, shapes, dtypes, integer tensors
+    used: list[Path] = []
+    skipped: dict[str, str] = {}
+    progress = tqdm(total=wanted, desc="Averaging checkpoints", unit="ckpt")
+    for path in reversed(candidates):  # newest first
+        if len(used) == wanted:
+            break
+        problem = checkpoint_problem(path)
+        if problem is None:
+            try:
+                state = load_file(path / SAFE_WEIGHTS_NAME)
+            except Exception as error:  # safetensors raises its own error types for truncated/corrupt files
+                problem = f"unreadable {SAFE_WEIGHTS_NAME}: {error}"
+        if problem is not None:
+            warnings.warn(f"Skipping checkpoint {path}: {problem}.", stacklevel=2)
+            skipped[str(path)] = problem
+            continue
+        if not used:
+            reference = state
+            sums = {k: v.to(torch.float64) for k, v in state.items() if v.is_floating_point()}
+        else:
+            _check_compatible(path, state, used[0], reference)
+            for name, tensor in state.items():
+                if tensor.is_floating_point():
+                    sums[name] += tensor.to(torch.float64)
+                elif not torch.equal(tensor, reference[name]):
+                    raise ValueError(
+                        f"Non-floating tensor {name!r} differs between {path} and {used[0]}; it cannot be averaged."
+                    )
+        used.append(path)
+        progress.update(1)
+    progress.close()
+
+    if len(used) < (wanted if num_last is not None else 1):
+        skipped_text = "; ".join(f"{p}: {why}" for p, why in skipped.items()) or "none"
+        raise ValueError(
+            f"Asked to average the last {wanted} checkpoints of "
+            f"{run_dir if run_dir is not None else 'the given list'}, but found only {len(used)} valid "
+            f"({', '.join(p.name for p in reversed(used)) or 'none'}). Skipped: {skipped_text}."
+        )
+
+    averaged = {
+        name: (sums[name] / len(used)).to(tensor.dtype) if name in sums else tensor
+        for name, tensor in reference.items()
+    }
+    newest = used[0]
+    model = _load_with_weights(newest, averaged, model_class)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+
+    tokenizer_source = _tokenizer_source([newest, run_dir])
+    if tokenizer_source is None:
+        warnings.warn(
+            f"No tokenizer files in {newest}" + (f" or {run_dir}" if run_dir else "") + f"; {output_dir} has no tokenizer.",
+            stacklevel=2,
+        )
+    else:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(output_dir)
+
+    result = AveragingResult(output_dir, list(reversed(used)), skipped, tokenizer_source)
+    (output_dir / AVERAGING_RECORD_NAME).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def _check_compatible(path: Path, state: dict, reference_path: Path, reference: dict) -> None:
+    if state.keys() != reference.keys():
+        missing = sorted(reference.keys() - state.keys())[:5]
+        extra = sorted(state.keys() - reference.keys())[:5]
+        raise ValueError(
+            f"{path} and {reference_path} hold different tensors (missing in {path.name}: {missing}, "
+            f"extra: {extra}); they are not checkpoints of the same model."
+        )
+    for name, tensor in state.items():
+        if tensor.shape != reference[name].shape or tensor.dtype != reference[name].dtype:
+            raise ValueError(
+                f"Tensor {name!r} is {tuple(tensor.shape)} {tensor.dtype} in {path} but "
+                f"{tuple(reference[name].shape)} {reference[name].dtype} in {reference_path}."
+            )
+
+
+def _load_with_weights(checkpoint: Path, weights: dict[str, torch.Tensor], model_class=None):
+    """The model of `checkpoint` (config, generation config, tying from `from_pretrained`) holding `weights`."""
+    if model_class is None:
+        from transformers import AutoModelForSeq2SeqLM as model_class  # our classes: registered by the package
+    model = model_class.from_pretrained(checkpoint)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected:
+        raise ValueError(f"{checkpoint}: tensors the model does not have: {sorted(unexpected)[:5]}.")
+    # Keys absent from safetensors must be tied copies of loaded ones (e.g. lm_head.weight = shared embedding).
+    params = model.state_dict()
+    loaded = {params[name].data_ptr() for name in weights}
+    untied = [name for name in missing if params[name].data_ptr() not in loaded]
+    if untied:
+        raise ValueError(f"{checkpoint}: {SAFE_WEIGHTS_NAME} lacks tensors of the model: {sorted(untied)[:5]}.")
+    return model
+
+
+__all__ = [
+    "AveragingResult",
+    "average_checkpoints",
+    "checkpoint_problem",
+    "checkpoint_step",
+    "find_checkpoints",
+]

@@ -307,9 +307,9 @@ class VaswaniTransformerPreTrainedModel(PreTrainedModel):
         if ids is None or is_torchdynamo_compiling() or ids.numel() == 0:
             return
         vocab_size = self.config.vocab_size
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= vocab_size:
-            bad = high if high >= vocab_size else low
+        outside = (ids < 0) | (ids >= vocab_size)
+        if outside.any():
+            bad = int(ids[outside][0])
             raise ValueError(f"{name} contains token id {bad}, outside the vocabulary of size {vocab_size}.")
 
 

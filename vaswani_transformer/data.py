@@ -32,6 +32,7 @@ from datasets.exceptions import DatasetGenerationError
 from torch.utils.data import Sampler
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerBase
 
+from .modeling_vaswani_transformer import shift_tokens_right
 from .tokenization import count_lines
 
 logger = logging.getLogger(__name__)
@@ -606,15 +607,14 @@ class TokenBatchSampler(Sampler[list[int]]):
 class TranslationDataCollator:
     """Pad a list of tokenised pairs into ``input_ids``, ``attention_mask``, ``labels``, ``decoder_input_ids``.
 
-    Padding is done by transformers' ``DataCollatorForSeq2Seq`` (``input_ids`` with the pad id 0, ``labels``
-    with ``label_pad_token_id=-100``, right side). ``decoder_input_ids`` are the labels shifted right behind
-    ``decoder_start_token_id`` (default: the tokenizer's ``<s>`` id, 1) with padding as the pad id. Other
-    columns (``source_length``, text) are ignored.
+    Padding is done by transformers' ``DataCollatorForSeq2Seq`` (right side; ``input_ids`` with the pad id 0,
+    ``labels`` with -100, which the loss ignores). ``decoder_input_ids`` are the labels shifted right behind
+    ``decoder_start_token_id`` (default: the tokenizer's ``<s>`` id, 1), padded with the pad id - the model's own
+    ``shift_tokens_right``. Other columns (``source_length``, text) are ignored.
     """
 
     tokenizer: PreTrainedTokenizerBase
     decoder_start_token_id: int | None = None
-    label_pad_token_id: int = -100
     pad_to_multiple_of: int | None = None
 
     def __post_init__(self) -> None:
@@ -623,18 +623,12 @@ class TranslationDataCollator:
         if self.decoder_start_token_id is None or self.tokenizer.pad_token_id is None:
             raise ValueError("The collator needs a pad token and a decoder start token (the tokenizer's <s>).")
         self._pad = DataCollatorForSeq2Seq(
-            self.tokenizer,
-            label_pad_token_id=self.label_pad_token_id,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            return_tensors="pt",
+            self.tokenizer, label_pad_token_id=-100, pad_to_multiple_of=self.pad_to_multiple_of, return_tensors="pt"
         )
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = self._pad([{"input_ids": f["input_ids"], "labels": f["labels"]} for f in features])
-        labels = batch["labels"]
-        decoder_input_ids = labels.new_full(labels.shape, self.tokenizer.pad_token_id)
-        decoder_input_ids[:, 0] = self.decoder_start_token_id
-        decoder_input_ids[:, 1:] = labels[:, :-1]
-        decoder_input_ids.masked_fill_(decoder_input_ids == self.label_pad_token_id, self.tokenizer.pad_token_id)
-        batch["decoder_input_ids"] = decoder_input_ids
+        batch["decoder_input_ids"] = shift_tokens_right(
+            batch["labels"], self.tokenizer.pad_token_id, self.decoder_start_token_id
+        )
         return dict(batch)

@@ -135,6 +135,7 @@ def wrap_tokenizer(tokenizer: Tokenizer, model_max_length: int = DEFAULT_MODEL_M
         add_bos_token=False,
         add_eos_token=True,
         clean_up_tokenization_spaces=False,  # decoding must not touch spaces before punctuation
+        split_special_tokens=True,  # "<s>" or "</s>" written in the text is text, not a control token
         model_max_length=model_max_length,
         padding_side="right",
     )
@@ -191,8 +192,13 @@ def train_tokenizer(
     """
     if texts is None and not files:
         raise ValueError("train_tokenizer needs `texts` or `files`.")
-    if vocab_size <= len(SPECIAL_TOKENS) + 256:
-        raise ValueError(f"vocab_size={vocab_size} is too small: the byte alphabet and special tokens need 261.")
+    if model not in TOKENIZER_MODELS:
+        raise ValueError(f"Unknown tokenizer model {model!r}; expected one of {TOKENIZER_MODELS}.")
+    # every byte (and for word-pieces every byte as a continuation) is a token, plus the 4 special tokens
+    minimum = len(SPECIAL_TOKENS) + 256 * (2 if model == "wordpiece" else 1)
+    if vocab_size < minimum:
+        raise ValueError(f"vocab_size={vocab_size} is too small for {model}: the byte alphabet and special tokens "
+                         f"alone need {minimum}.")
     for path in files or ():
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Tokenizer training file not found: {path}")

@@ -29,7 +29,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
-from .generation import VaswaniGenerationMixin
+from .generation import VaswaniGenerationConfig, VaswaniGenerationMixin
 
 
 # 3.5 Positional encoding ---------------------------------------------------------------------------------------------
@@ -519,6 +519,8 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
 
 class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedModel, VaswaniGenerationMixin):
     """Figure 1 whole: encoder-decoder plus the pre-softmax linear projection (tied to the embeddings)."""
+
+    generation_config_class = VaswaniGenerationConfig  # default decoding: the paper's beam search (generation.py)
 
     def __init__(self, config: VaswaniTransformerConfig):
         super().__init__(config)

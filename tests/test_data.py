@@ -2,8 +2,6 @@
 token batches respect the budget and cover every pair exactly once across ranks, the collator pads correctly."""
 
 import json
-import os
-import random
 
 import datasets
 import numpy as np
@@ -130,7 +128,8 @@ def test_bad_inputs_name_the_file_and_line(tmp_path):
 
     lines = [{"translation": {"en": "one", "de": "eins"}}, {"translation": {"en": "two", "fr": "deux"}}]
     (tmp_path / "e.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
-    with pytest.raises(ParallelDataError, match=r"e\.jsonl:2: \"translation\" has no 'de' key \(keys: \['en', 'fr'\]\)"):
+    missing_key = r"e\.jsonl:2: \"translation\" has no 'de' key \(keys: \['en', 'fr'\]\)"
+    with pytest.raises(ParallelDataError, match=missing_key):
         load_parallel_dataset(train_file=str(tmp_path / "e.jsonl"), cache_dir=cache)
     (tmp_path / "f.jsonl").write_text('{"translation": {"en": "a", "de": "b"}}\n{"en": "a", "de": "b"}\n{oops\n')
     with pytest.raises(ParallelDataError, match=r'f\.jsonl:2: expected an object with a "translation" object'):
@@ -293,3 +292,47 @@ def test_collator_and_dataloader_with_token_batches(tmp_path, tokenizer):
     # a dataset without the length columns falls back to the token columns
     plain = ds["train"].remove_columns(["source_length", "target_length"])
     assert TokenBatchSampler.from_dataset(plain, max_tokens=64, seed=1).batches == sampler.batches
+
+
+@pytest.mark.slow
+def test_sampler_and_collator_plug_into_seq2seq_trainer(tmp_path, tokenizer):
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
+    from vaswani_transformer.tokenization import check_tokenizer_matches_config, config_kwargs_from_tokenizer
+
+    data = write_formats(tmp_path / "data", PAIRS * 8)
+    raw = load_parallel_dataset(train_file=str(data / "train"), cache_dir=str(tmp_path / "cache"))
+    ds, _ = tokenize_parallel_dataset(raw, tokenizer, "en", "de", max_source_tokens=64, max_target_tokens=64)
+    train = ds["train"].add_column("index", list(range(len(ds["train"]))))
+    sampler = TokenBatchSampler.from_dataset(train, max_tokens=64, seed=5)
+    collator = TranslationDataCollator(tokenizer)
+    seen = []
+
+    def observing_collator(features):  # records which pairs the Trainer's DataLoader delivered
+        seen.append([f["index"] for f in features])
+        return collator(features)
+
+    class TokenBatchTrainer(Seq2SeqTrainer):
+        def _get_train_sampler(self, train_dataset=None):
+            return sampler
+
+    torch.manual_seed(0)
+    config = VaswaniTransformerConfig(**config_kwargs_from_tokenizer(tokenizer), d_model=16, encoder_layers=1,
+                                      decoder_layers=1, num_heads=2, d_ff=32)
+    check_tokenizer_matches_config(tokenizer, config)
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=2, report_to="none",
+                                    remove_unused_columns=False, save_strategy="no", logging_strategy="no",
+                                    use_cpu=True, disable_tqdm=True, seed=0)
+    trainer = TokenBatchTrainer(model=VaswaniTransformerForConditionalGeneration(config), args=args,
+                                train_dataset=train, data_collator=observing_collator)
+    assert len(trainer.get_train_dataloader()) == len(sampler)
+    seen.clear()
+    trainer.train()
+    assert len(seen) == 2 * len(sampler)
+    epoch0, epoch1 = seen[: len(sampler)], seen[len(sampler) :]
+    for epoch, batches in enumerate((epoch0, epoch1)):
+        sampler.set_epoch(epoch)
+        assert batches == list(sampler)  # the Trainer set the epoch and used our batches as they are
+        assert sorted(i for b in batches for i in b) == list(range(len(train)))
+    assert epoch0 != epoch1

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 from datasets.exceptions import DatasetGenerationError
-from torch.utils.data import Sampler
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerBase
+from transformers.trainer_pt_utils import BatchRebalanceSampler
 
 from .modeling_vaswani_transformer import shift_tokens_right
 from .tokenization import count_lines
@@ -261,7 +261,10 @@ def load_parallel_dataset(
             loaded = datasets.load_dataset(
                 dataset_name, dataset_config_name, cache_dir=cache_dir, streaming=streaming
             )
-        result = {k: _to_translation_form(v, source_lang, target_lang, f"{dataset_name}[{k}]") for k, v in loaded.items()}
+        result = {
+            split: _to_translation_form(ds, source_lang, target_lang, f"{dataset_name}[{split}]")
+            for split, ds in loaded.items()
+        }
     else:
         result = {}
         for split, path in (("train", train_file), ("validation", validation_file), ("test", test_file)):
@@ -457,7 +460,7 @@ def tokenize_parallel_dataset(
 # ------------------------------------------------------------------------------------------------ batching
 
 
-class TokenBatchSampler(Sampler[list[int]]):
+class TokenBatchSampler(BatchRebalanceSampler):
     """Batches of pairs of similar length holding at most ``max_tokens`` tokens on *each* side, padding included.
 
     Pairs are sorted by the length of their longer side, then by ``target - source`` length (ascending for even,
@@ -477,6 +480,13 @@ class TokenBatchSampler(Sampler[list[int]]):
     Pairs longer than ``max_tokens`` on either side cannot be batched: they are excluded, listed in
     ``oversized_indices`` and reported with a warning (filter them first with ``tokenize_parallel_dataset(...,
     max_source_tokens=max_tokens, max_target_tokens=max_tokens)`` to count them in the filter report).
+
+    ``Seq2SeqTrainer``: it subclasses transformers' ``BatchRebalanceSampler`` (whose ``__init__`` it does not use)
+    only so that the Trainer treats it as a rank-aware *batch* sampler: returned from an overridden
+    ``_get_train_sampler``, it becomes the DataLoader's ``batch_sampler``, accelerate does not re-shard it, and
+    the Trainer calls ``set_epoch`` on it. Build it before training from the tokenised dataset (the Trainer
+    removes the length columns before calling ``_get_train_sampler``) with ``num_replicas=args.world_size`` and
+    ``rank=args.process_index``.
     """
 
     def __init__(

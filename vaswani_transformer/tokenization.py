@@ -119,7 +119,7 @@ def _add_wordpiece_continuations(tokenizer: Tokenizer, vocab_size: int) -> Token
 
 
 def wrap_tokenizer(tokenizer: Tokenizer, model_max_length: int = DEFAULT_MODEL_MAX_LENGTH) -> PreTrainedTokenizerFast:
-    """Wrap a trained `tokenizers.Tokenizer` as the project's `PreTrainedTokenizerFast` (ids and post-processor checked)."""
+    """Wrap a trained `tokenizers.Tokenizer` as the project's `PreTrainedTokenizerFast` (special ids checked)."""
     for token, expected in zip(SPECIAL_TOKENS, range(len(SPECIAL_TOKENS))):
         actual = tokenizer.token_to_id(token)
         if actual != expected:
@@ -159,7 +159,8 @@ def iter_text_files(paths: Sequence[str | os.PathLike]) -> Iterator[str]:
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as err:
-                    raise ValueError(f"{path}:{line_number}: invalid UTF-8 ({err.reason} at byte {err.start}).") from None
+                    message = f"{path}:{line_number}: invalid UTF-8 ({err.reason} at byte {err.start})."
+                    raise ValueError(message) from None
                 yield line.rstrip("\r\n")
 
 

@@ -70,6 +70,9 @@ class VaswaniGenerationConfig(GenerationConfig):
         for name, value in PAPER_GENERATION_DEFAULTS.items():
             if getattr(generation_config, name, None) is None:
                 setattr(generation_config, name, value)
+        # A deliberate generation config, not a copy of model-config fields: saved with `_from_model_config: false`,
+        # otherwise `GenerationConfig.from_pretrained` would drop the custom fields when loading it back.
+        generation_config._from_model_config = False
         generation_config._original_object_hash = hash(generation_config)
         return generation_config
 

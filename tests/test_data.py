@@ -72,6 +72,8 @@ def test_every_input_format_loads_the_same_dataset(tmp_path):
     hub_like.mkdir()
     (hub_like / "train.jsonl").write_bytes((data / "train.jsonl").read_bytes())
     loaded["load_dataset"] = load_parallel_dataset(dataset_name=str(hub_like), cache_dir=cache)
+    streamed_hub = load_parallel_dataset(dataset_name=str(hub_like), streaming=True)
+    assert as_pairs(streamed_hub["train"]) == PAIRS
     # plain language columns are converted to the translation form
     columns = datasets.Dataset.from_dict({"en": [s for s, _ in PAIRS], "de": [t for _, t in PAIRS]})
     datasets.DatasetDict({"train": columns}).save_to_disk(str(tmp_path / "columns"))
@@ -141,6 +143,10 @@ def test_bad_inputs_name_the_file_and_line(tmp_path):
         str(tmp_path / "enfr"))
     with pytest.raises(ParallelDataError, match=r"expected a 'translation' column or columns 'en' and 'de'"):
         load_parallel_dataset(dataset_name=str(tmp_path / "enfr"))
+    enfr = load_parallel_dataset(dataset_name=str(tmp_path / "enfr"), target_lang="fr")
+    enfr.save_to_disk(str(tmp_path / "enfr_translation"))
+    with pytest.raises(ParallelDataError, match=r"enfr_translation\[train\]: 'translation' has no \['de'\]"):
+        load_parallel_dataset(dataset_name=str(tmp_path / "enfr_translation"))
 
 
 def expected_reasons(pairs, tokenizer, max_src, max_tgt, max_ratio):

@@ -195,15 +195,20 @@ def _load_file(
 
 
 def _to_translation_form(ds: Dataset | IterableDataset, source_lang: str, target_lang: str, where: str):
-    columns = list(ds.features) if ds.features is not None else None
-    if columns is not None and "translation" in columns:
-        feature = ds.features["translation"]
+    if ds.features is not None:
+        columns = list(ds.features)
+        feature = ds.features.get("translation")
         languages = list(getattr(feature, "languages", None) or (feature.keys() if isinstance(feature, dict) else []))
+    else:  # a streamed dataset whose features are unknown until read: look at the first example
+        first = next(iter(ds), None) or {}
+        columns = list(first)
+        languages = list(first["translation"]) if isinstance(first.get("translation"), dict) else []
+    if "translation" in columns:
         missing = [lang for lang in (source_lang, target_lang) if lang not in languages]
         if missing:
             raise ParallelDataError(f"{where}: 'translation' has no {missing} (languages: {languages}).")
         return ds
-    if columns is not None and source_lang in columns and target_lang in columns:
+    if source_lang in columns and target_lang in columns:
         return ds.map(
             lambda ex: _pair(source_lang, target_lang, ex[source_lang], ex[target_lang]),
             remove_columns=columns,

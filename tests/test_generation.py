@@ -191,6 +191,30 @@ def test_batched_equals_one_by_one_and_cache_equals_no_cache():
         torch.testing.assert_close(single.sequences_scores, batched.sequences_scores[row : row + 1])
 
 
+def test_sentence_dependent_logits_processors_see_their_own_rows():
+    """prefix_allowed_tokens_fn indexes rows by sentence: batched must equal one by one (the batch stays whole)."""
+    model = tiny_model(2, eos_bias=1.5)
+    inputs = random_sources(8)
+    allowed = [[EOS, *range(4 + 5 * i, 14 + 5 * i)] for i in range(4)]
+    batched = hypotheses(
+        model.generate(**inputs, max_len_b=6, prefix_allowed_tokens_fn=lambda batch_id, ids: allowed[batch_id])
+    )
+    for row, (ids, mask) in enumerate(zip(inputs["input_ids"], inputs["attention_mask"])):
+        single = model.generate(
+            input_ids=ids[mask.bool()][None], max_len_b=6, prefix_allowed_tokens_fn=lambda _, ids: allowed[row]
+        )
+        assert hypotheses(single) == [batched[row]]
+        assert set(batched[row]) <= set(allowed[row])
+
+
+def test_search_stops_early_when_no_running_beam_can_win():
+    model = tiny_model(2, eos_bias=1.5)
+    inputs = random_sources(102)
+    output = model.generate(**inputs, return_dict_in_generate=True, output_scores=True)
+    assert all(tokens[-1] == EOS for tokens in hypotheses(output.sequences))
+    assert len(output.scores) < int(inputs["attention_mask"].sum(-1).min()) + 50
+
+
 def test_num_return_sequences_gives_the_best_k_in_order():
     model = tiny_model(2, eos_bias=1.5)
     inputs = random_sources(3)
@@ -303,6 +327,8 @@ def test_synced_gpus_gives_the_same_result(tmp_path):
         ({"max_len_b": "50"}, "max_len_b"),
         ({"max_len_a": 0, "max_len_b": 0}, "at least one generated token"),
         ({"output_attentions": True, "return_dict_in_generate": True}, "length_penalty_type='transformers'"),
+        ({"num_return_sequences": 5}, "num_return_sequences"),
+        ({"streamer": object()}, "streamer"),
     ],
 )
 def test_bad_settings_raise_clear_errors(kwargs, message):

@@ -176,6 +176,8 @@ class VaswaniGenerationMixin(GenerationMixin):
             and custom_generate is None
             and effective_config.get_generation_mode(assistant_model) == GenerationMode.BEAM_SEARCH
         ):
+            if streamer is not None:  # as transformers' beam search
+                raise ValueError("`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set to 1.")
             if synced_gpus is None:
                 synced_gpus = _default_synced_gpus(self)
             custom_generate = functools.partial(
@@ -215,6 +217,15 @@ def _default_synced_gpus(model) -> bool:
 
 
 _SUPPORTED_MODEL_KWARGS = {"encoder_outputs", "attention_mask", "past_key_values", "use_cache"}
+# Logits processors and stopping criteria that look at each row on its own: finished sentences can leave the batch.
+# Others (e.g. prefix_allowed_tokens_fn, encoder_repetition_penalty) index rows by sentence: the batch stays whole.
+_ROW_INDEPENDENT = {
+    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "NoBadWordsLogitsProcessor",
+    "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor", "NoRepeatNGramLogitsProcessor",
+    "RepetitionPenaltyLogitsProcessor", "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
+    "SequenceBiasLogitsProcessor", "InfNanRemoveLogitsProcessor", "ExponentialDecayLengthPenalty",
+    "TemperatureLogitsWarper", "MaxTimeCriteria", "StopStringCriteria", "EosTokenCriteria", "MaxLengthCriteria",
+}  # fmt: skip
 
 
 def paper_beam_search(
@@ -299,7 +310,8 @@ def paper_beam_search(
     encoder_states = encoder_outputs.last_hidden_state
     attention_mask = model_kwargs.get("attention_mask")
     cache = model_kwargs.get("past_key_values") if use_cache else None
-    drop_finished = not paper_synced_gpus and (
+    rows_independent = all(type(item).__name__ in _ROW_INDEPENDENT for item in [*logits_processor, *stopping_criteria])
+    drop_finished = not paper_synced_gpus and rows_independent and (
         cache is None
         or (
             isinstance(cache, EncoderDecoderCache)
@@ -382,25 +394,27 @@ def paper_beam_search(
         is_done = done[active]
         newly_finished = ends & (candidate_rank < num_beams) & ~is_done[:, None]
 
-        if bool(newly_finished.any()):
-            penalised = top_scores / gnmt_length_penalty(generated, alpha)
-            penalised = penalised.masked_fill(~newly_finished, -math.inf)[:, :num_beams]
-            merged_scores = torch.cat([finished_scores[active], penalised], dim=-1)
-            best_scores, best = merged_scores.topk(num_beams, dim=-1)
+        # Merge the new finished hypotheses into the kept ones, for the sentences that have some.
+        merging = newly_finished.any(-1).nonzero().squeeze(-1)
+        if merging.numel() > 0:
+            sentences, count = active[merging], merging.numel()
+            penalised = top_scores[merging, :num_beams] / gnmt_length_penalty(generated, alpha)
+            penalised = penalised.masked_fill(~newly_finished[merging, :num_beams], -math.inf)
+            best_scores, best = torch.cat([finished_scores[sentences], penalised], dim=-1).topk(num_beams, dim=-1)
             width = prompt_length + max_new
-            new_sequences = candidate_sequences.view(num_active, num_candidates, -1)[:, :num_beams]
+            new_sequences = candidate_sequences.view(num_active, num_candidates, -1)[merging, :num_beams]
             new_sequences = nn.functional.pad(new_sequences, (0, width - new_sequences.shape[-1]), value=pad_token_id)
-            new_history = candidate_history.view(num_active, num_candidates, -1)[:, :num_beams]
+            new_history = candidate_history.view(num_active, num_candidates, -1)[merging, :num_beams]
             new_history = nn.functional.pad(new_history, (0, max_new - new_history.shape[-1]), value=-1)
-            merged_sequences = torch.cat([finished_sequences[active], new_sequences], dim=1)
-            merged_history = torch.cat([finished_history[active], new_history], dim=1)
+            merged_sequences = torch.cat([finished_sequences[sentences], new_sequences], dim=1)
+            merged_history = torch.cat([finished_history[sentences], new_history], dim=1)
             merged_lengths = torch.cat(
-                [finished_lengths[active], finished_lengths.new_full((num_active, num_beams), generated)], dim=1
+                [finished_lengths[sentences], finished_lengths.new_full((count, num_beams), generated)], dim=1
             )
-            finished_scores[active] = best_scores
-            finished_sequences[active] = merged_sequences.gather(1, best[:, :, None].expand(-1, -1, width))
-            finished_history[active] = merged_history.gather(1, best[:, :, None].expand(-1, -1, max_new))
-            finished_lengths[active] = merged_lengths.gather(1, best)
+            finished_scores[sentences] = best_scores
+            finished_sequences[sentences] = merged_sequences.gather(1, best[:, :, None].expand(-1, -1, width))
+            finished_history[sentences] = merged_history.gather(1, best[:, :, None].expand(-1, -1, max_new))
+            finished_lengths[sentences] = merged_lengths.gather(1, best)
 
         # The next running beams: the best num_beams continuations that did not end (dead ones at -inf).
         order = torch.where(ends, candidate_rank + num_candidates, candidate_rank)

@@ -135,8 +135,13 @@ def test_incomplete_checkpoints_are_skipped_with_a_warning(tmp_path):
     with pytest.warns(UserWarning) as caught:
         result = average_checkpoints(run, num_last=2, output_dir=tmp_path / "avg")
     messages = "\n".join(str(w.message) for w in caught)
-    for name, reason in [("checkpoint-70", "missing model.safetensors"), ("checkpoint-60", "trainer_state.json"),
-                         ("checkpoint-50", "unreadable model.safetensors"), ("checkpoint-40", "missing model.safetensors")]:  # fmt: skip
+    expected_reasons = [
+        ("checkpoint-70", "missing model.safetensors"),
+        ("checkpoint-60", "trainer_state.json"),
+        ("checkpoint-50", "unreadable model.safetensors"),
+        ("checkpoint-40", "missing model.safetensors"),
+    ]
+    for name, reason in expected_reasons:
         assert any(name in line and reason in line for line in messages.splitlines()), (name, messages)
     assert result.checkpoints == [run / "checkpoint-20", run / "checkpoint-30"]
     assert set(result.skipped) == {str(run / f"checkpoint-{s}") for s in (40, 50, 60, 70)}

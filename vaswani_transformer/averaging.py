@@ -105,8 +105,9 @@ def _candidates(run_dir_or_list) -> tuple[list[Path], Path | None]:
 
 
 def _tokenizer_source(folders: Sequence[Path | None]) -> Path | None:
+    """The first folder holding tokenizer files."""
     for folder in folders:
-        if folder is not None and ((folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()):
+        if folder is not None and any((folder / f).is_file() for f in ("tokenizer_config.json", "tokenizer.json")):
             return folder
     return None
 
@@ -194,10 +195,8 @@ def average_checkpoints(
 
     tokenizer_source = _tokenizer_source([newest, run_dir])
     if tokenizer_source is None:
-        warnings.warn(
-            f"No tokenizer files in {newest}" + (f" or {run_dir}" if run_dir else "") + f"; {output_dir} has no tokenizer.",
-            stacklevel=2,
-        )
+        where = f"{newest}" + (f" or {run_dir}" if run_dir else "")
+        warnings.warn(f"No tokenizer files in {where}; {output_dir} has no tokenizer.", stacklevel=2)
     else:
         from transformers import AutoTokenizer
 

@@ -22,9 +22,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import evaluate
 import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from .data import check_parallel_text_files
 from .metrics.paper_bleu.paper_bleu import _reference_streams, split_compounds, tokenized_bleu
+from .tokenization import iter_text_files
 
 
 PathLike = str | os.PathLike
@@ -44,8 +50,6 @@ def paper_bleu_path() -> str:
 @functools.cache
 def load_paper_bleu():
     """The `paper_bleu` metric, loaded once per process with `evaluate.load(<local path>)` (no network)."""
-    import evaluate
-
     return evaluate.load(paper_bleu_path(), keep_in_memory=True)
 
 
@@ -119,23 +123,18 @@ def make_compute_metrics(tokenizer, target_lang: str = "", tokenize: str | None 
 def read_lines(path: PathLike) -> list[str]:
     """The lines of a UTF-8 text file, stripped of surrounding whitespace.
 
-    Raises a ValueError naming the file and line for invalid UTF-8 and for empty lines (a test set with an
-    empty segment is malformed; dropping it would silently change the test set).
+    Invalid UTF-8 and empty lines are ValueErrors naming the file and line (a test set with an empty segment
+    is malformed; dropping it would silently change the test set).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file.")
     lines = []
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise ValueError(f"{path}:{number}: invalid UTF-8 ({error.reason} at byte {error.start}).") from None
-            text = text.strip()
-            if not text:
-                raise ValueError(f"{path}:{number}: empty line; every test segment needs text.")
-            lines.append(text)
+    for number, text in enumerate(iter_text_files([path]), start=1):
+        text = text.strip()
+        if not text:
+            raise ValueError(f"{path}:{number}: empty line; every test segment needs text.")
+        lines.append(text)
     if not lines:
         raise ValueError(f"{path}: the file is empty.")
     return lines
@@ -189,9 +188,6 @@ def generate_translate_lines(
     not available). Beam 4, at most input length + 50 new tokens (paper, Section 6.1); note that
     transformers' `length_penalty` divides scores by length**alpha, which is not the paper's GNMT penalty.
     """
-    import torch
-    from tqdm.auto import tqdm
-
     hypotheses = []
     for start in tqdm(range(0, len(lines), batch_size), desc="Translating", unit="batch"):
         batch = tokenizer(list(lines[start : start + batch_size]), return_tensors="pt", padding=True)
@@ -296,6 +292,7 @@ def evaluate_model(
     tokenize: str | None = None,
     output_json: PathLike | None = None,
     hypotheses_file: PathLike | None = None,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """Translate a test set and score it (see `evaluation_report` for the returned/written fields).
 
@@ -306,17 +303,20 @@ def evaluate_model(
     translate_fn: `translate_fn(model, tokenizer, lines, **decoding) -> list[str]`; default
         `default_translate_fn()` (the paper's decoding from `vaswani_transformer.inference` when present).
     hypotheses_file: where to write the translations, one per line.
+    device: move the model there first (default: leave it where it is).
     """
-    import torch
-
     if dataset is not None:
         if sources is not None or references is not None:
             raise ValueError("Give either `dataset` or `sources` and `references`, not both.")
         sources, references = _from_dataset(dataset, source_lang, target_lang)
-        source_name = reference_name = None
+        (sources, source_name), (references, reference_name) = (
+            _as_lines(sources, "Source"), _as_lines(references, "Reference")
+        )
     else:
         if sources is None or references is None:
             raise ValueError("Both `sources` and `references` are required (or a `dataset`).")
+        if all(isinstance(v, (str, os.PathLike)) for v in (sources, references)):
+            check_parallel_text_files(os.fspath(sources), os.fspath(references))  # names both files and counts
         sources, source_name = _as_lines(sources, "Source")
         references, reference_name = _as_lines(references, "Reference")
     if len(sources) != len(references):
@@ -326,8 +326,6 @@ def evaluate_model(
         )
 
     if isinstance(model_or_path, (str, os.PathLike)):
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
         model_name = str(model_or_path)
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(model_or_path)
@@ -337,6 +335,8 @@ def evaluate_model(
         model_name = getattr(model, "name_or_path", None) or type(model).__name__
         if tokenizer is None:
             raise ValueError("Pass `tokenizer` when `model_or_path` is a model object.")
+    if device is not None:
+        model.to(device)
     model.eval()
 
     translate_fn = translate_fn or default_translate_fn()

@@ -1,0 +1,339 @@
+"""BLEU evaluation: scores checked against hand-computed n-gram precisions and against sacrebleu directly."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import evaluate
+import numpy as np
+import pytest
+import sacrebleu
+import torch
+from transformers import EvalPrediction
+
+from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
+from vaswani_transformer.evaluation import (
+    compute_translation_metrics,
+    decoding_settings,
+    evaluate_model,
+    evaluation_report,
+    generate_translate_lines,
+    make_compute_metrics,
+    paper_bleu_path,
+    read_lines,
+    split_compounds,
+    tokenized_bleu,
+)
+from vaswani_transformer.tokenization import config_kwargs_from_tokenizer, train_tokenizer
+
+
+REPO = Path(__file__).resolve().parents[1]
+SIGNATURE_VERSION = f"version:{sacrebleu.__version__}"
+
+# Realistic German with punctuation, a compound and a number, for comparisons with sacrebleu itself.
+HYPOTHESES = [
+    "Ein Mann mit einem orangefarbenen Hut starrt auf etwas.",
+    'Ein Boston-Terrier läuft über "saftig-grünes" Gras vor einem weißen Zaun.',
+    "Zwei Kinder spielen im Jahr 2016 am Strand.",
+]
+REFERENCES = [
+    "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+    'Ein Boston-Terrier läuft über saftig-grünes Gras vor einem weißen Zaun.',
+    "Zwei Kinder spielen 2016 am Strand.",
+]
+
+
+def bleu_from_counts(matches, totals, hyp_len, ref_len) -> float:
+    """BLEU from n-gram matches/totals (Papineni et al.): geometric mean of precisions times brevity penalty."""
+    bp = 1.0 if hyp_len > ref_len else math.exp(1 - ref_len / hyp_len)
+    return 100 * bp * math.exp(sum(math.log(m / t) for m, t in zip(matches, totals)) / 4)
+
+
+def test_bleu_hand_computed():
+    # Sentence 1: 1-grams 5/6 (the x2, cat, on, mat), 2-grams 3/5 (the cat, on the, the mat),
+    # 3-grams 1/4 (on the mat), 4-grams 0/3. Sentence 2 matches its reference exactly: 5/5, 4/4, 3/3, 2/2.
+    scores = compute_translation_metrics(
+        ["the cat sat on the mat", "a b c d e"], ["the cat is on the mat", "a b c d e"], target_lang="en"
+    )
+    assert scores["counts"] == [10, 7, 4, 2] and scores["totals"] == [11, 9, 7, 5]
+    assert scores["sys_len"] == scores["ref_len"] == 11 and scores["bp"] == 1.0
+    assert scores["bleu"] == pytest.approx(bleu_from_counts([10, 7, 4, 2], [11, 9, 7, 5], 11, 11), abs=1e-9)
+    assert scores["bleu_signature"] == f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|{SIGNATURE_VERSION}"
+    assert scores["num_sentences"] == 2
+
+
+def test_bleu_brevity_penalty_hand_computed():
+    # All n-grams of the 5-word hypothesis match, but the reference has 7 words: BLEU = 100 * exp(1 - 7/5).
+    scores = compute_translation_metrics(["a b c d e"], ["a b c d e f g"])
+    assert scores["counts"] == scores["totals"] == [5, 4, 3, 2]
+    assert (scores["sys_len"], scores["ref_len"]) == (5, 7)
+    assert scores["bleu"] == pytest.approx(100 * math.exp(1 - 7 / 5), abs=1e-9)
+
+
+def test_matches_sacrebleu_directly_single_and_multi_reference():
+    scores = compute_translation_metrics(HYPOTHESES, REFERENCES, target_lang="de")
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score, abs=1e-12)
+    assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score, abs=1e-12)
+    assert scores["chrf_signature"] == f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|{SIGNATURE_VERSION}"
+
+    second = ["Ein Mann mit orangem Hut starrt etwas an.", "Ein Terrier rennt über Gras.", "Kinder am Strand."]
+    multi = compute_translation_metrics(HYPOTHESES, [[a, b] for a, b in zip(REFERENCES, second)])
+    assert multi["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES, second]).score, abs=1e-12)
+    assert multi["chrf"] == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES, second]).score, abs=1e-12)
+    assert multi["bleu_signature"].startswith("nrefs:2|")
+
+    chinese = compute_translation_metrics(["我爱你。"], ["我爱你们。"], target_lang="zh")
+    assert "tok:zh" in chinese["bleu_signature"]
+    expected = sacrebleu.corpus_bleu(["我爱你。"], [["我爱你们。"]], tokenize="zh").score
+    assert chinese["bleu"] == pytest.approx(expected)
+
+
+def test_split_compounds_is_the_get_ende_bleu_regex():
+    # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' on each input (non-overlapping, left to right).
+    assert split_compounds("Das Hotel-Zimmer ist gut") == "Das Hotel ##AT##-##AT## Zimmer ist gut"
+    assert split_compounds("a-b-c") == "a ##AT##-##AT## b-c"
+    assert split_compounds("a-b c-d") == "a ##AT##-##AT## b c ##AT##-##AT## d"
+    assert split_compounds("a--b") == "a ##AT##-##AT## -b"
+    assert split_compounds("Preis : 5 - 6 Euro , -5 , x-") == "Preis : 5 - 6 Euro , -5 , x-"
+
+
+def test_tokenized_bleu_hand_computed_with_compound_splitting():
+    hyp, ref = ["das Hotel-Zimmer ist gut"], ["das Hotel-Zimmer war gut"]
+    # Split: das Hotel ##AT##-##AT## Zimmer ist|war gut -> 1-grams 5/6, 2-grams 3/5, 3-grams 2/4, 4-grams 1/3.
+    split = tokenized_bleu(hyp, ref)
+    assert split["counts"] == [5, 3, 2, 1] and split["totals"] == [6, 5, 4, 3]
+    assert split["score"] == pytest.approx(bleu_from_counts([5, 3, 2, 1], [6, 5, 4, 3], 6, 6), abs=1e-9)
+    assert split["signature"].startswith("pretok:13a+compound-split(##AT##)|nrefs:1|case:mixed|eff:no|tok:none|")
+    # Unsplit, no 3-gram matches: 0, as multi-bleu.perl reports (no smoothing).
+    unsplit = tokenized_bleu(hyp, ref, compound_split=False)
+    assert unsplit["counts"][:3] == [3, 1, 0] and unsplit["score"] == 0.0
+    # Pre-tokenization: punctuation is split (13a) before counting, on both sides.
+    assert tokenized_bleu(["Hallo, schöne Welt!"], ["Hallo , schöne Welt !"])["score"] == pytest.approx(100.0)
+
+
+def test_tokenized_bleu_equals_sacrebleu_on_pretokenized_split_text():
+    """Independent route: tokenize with sacrebleu, split with str.replace-based code, score with sacrebleu."""
+    tok = sacrebleu.BLEU(tokenize="13a").tokenizer
+
+    def prepare(text):
+        words = []
+        for word in tok(text).split():
+            parts = word.split("-")
+            if len(parts) == 2 and all(parts):  # every compound in this corpus has exactly one inner hyphen
+                words += [parts[0], "##AT##-##AT##", parts[1]]
+            else:
+                words.append(word)
+        return " ".join(words)
+
+    expected = sacrebleu.corpus_bleu(
+        [prepare(h) for h in HYPOTHESES], [[prepare(r) for r in REFERENCES]], tokenize="none",
+        smooth_method="none", force=True,
+    )  # fmt: skip
+    scores = compute_translation_metrics(HYPOTHESES, REFERENCES, target_lang="de")
+    assert scores["tokenized_bleu"] == pytest.approx(expected.score, abs=1e-12)
+    assert scores["tokenized_bleu"] != pytest.approx(scores["bleu"])
+
+
+def test_metric_module_loads_by_path_offline():
+    path = paper_bleu_path()
+    assert path.endswith(os.path.join("vaswani_transformer", "metrics", "paper_bleu", "paper_bleu.py"))
+    by_file = evaluate.load(path, keep_in_memory=True)
+    by_folder = evaluate.load(os.path.dirname(path), keep_in_memory=True)
+    a = by_file.compute(predictions=HYPOTHESES, references=REFERENCES, target_lang="de")
+    b = by_folder.compute(predictions=HYPOTHESES, references=[[r] for r in REFERENCES], target_lang="de")
+    assert a == b == compute_translation_metrics(HYPOTHESES, REFERENCES, target_lang="de")
+
+
+def test_metric_bad_inputs():
+    with pytest.raises(ValueError, match="Got 2 predictions but 1 references"):
+        compute_translation_metrics(["a", "b"], ["a"])
+    with pytest.raises(ValueError, match="empty corpus"):
+        compute_translation_metrics([], [])
+    with pytest.raises(ValueError, match="sentence 0 has 2, sentence 1 has 1"):
+        compute_translation_metrics(["a", "b"], [["a", "x"], ["b"]])
+    with pytest.raises(TypeError, match="Prediction 1 is a int"):
+        compute_translation_metrics(["a", 3], ["a", "b"])
+
+
+# ------------------------------------------------------------------------------------------ model and tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny random model saved with a project tokenizer (trained on a few sentences)."""
+    folder = tmp_path_factory.mktemp("tiny_model")
+    tokenizer = train_tokenizer(HYPOTHESES + REFERENCES, vocab_size=300, min_frequency=1, show_progress=False)
+    torch.manual_seed(0)
+    config = VaswaniTransformerConfig(
+        d_model=16, encoder_layers=1, decoder_layers=1, num_heads=2, d_ff=32, **config_kwargs_from_tokenizer(tokenizer)
+    )
+    VaswaniTransformerForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_make_compute_metrics_decodes_ids_and_minus_100(model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    compute_metrics = make_compute_metrics(tokenizer, target_lang="de")
+
+    def padded(texts, pad):
+        ids = [tokenizer(text_target=t).input_ids for t in texts]
+        width = max(map(len, ids)) + 2
+        return np.array([row + [pad] * (width - len(row)) for row in ids])
+
+    labels = padded(REFERENCES, -100)
+    predictions = padded(HYPOTHESES, tokenizer.pad_token_id)
+    predictions[0, -1] = -100  # the Trainer pads generated ids across batches with -100
+    result = compute_metrics(EvalPrediction(predictions=predictions, label_ids=labels))
+    assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score, abs=1e-12)
+    assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score, abs=1e-12)
+    expected_len = np.mean([len(tokenizer(text_target=h).input_ids) for h in HYPOTHESES])
+    assert result["gen_len"] == pytest.approx(expected_len)
+    assert set(result) == {"bleu", "chrf", "tokenized_bleu", "gen_len"}
+    assert all(isinstance(v, float) for v in result.values())
+
+    logits = np.zeros((3, 5, len(tokenizer)), dtype=np.float32)
+    with pytest.raises(ValueError, match="predict_with_generate=True"):
+        compute_metrics(EvalPrediction(predictions=logits, label_ids=labels))
+
+
+def copy_references(model, tokenizer, lines, suffix=""):
+    """A translate_fn that 'translates' by looking up the reference (exact scores are then known)."""
+    table = dict(zip(["Quelle eins", "Quelle zwei", "Quelle drei"], REFERENCES))
+    return [table[line] + suffix for line in lines]
+
+
+def test_evaluate_model_report_and_json(model_dir, tmp_path):
+    sources = ["Quelle eins", "Quelle zwei", "Quelle drei"]
+    report = evaluate_model(
+        model_dir, sources, REFERENCES, source_lang="x", target_lang="de", translate_fn=copy_references,
+        decoding={"suffix": " Ende"}, output_json=tmp_path / "out" / "eval.json", hypotheses_file=tmp_path / "hyp.de",
+    )  # fmt: skip
+    hypotheses = [r + " Ende" for r in REFERENCES]
+    assert (tmp_path / "hyp.de").read_text(encoding="utf-8").splitlines() == hypotheses
+    written = json.loads((tmp_path / "out" / "eval.json").read_text(encoding="utf-8"))
+    assert written == json.loads(json.dumps(report))
+    assert written["sacrebleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [REFERENCES]).score, abs=1e-12)
+    assert written["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [REFERENCES]).score, abs=1e-12)
+    assert written["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|")
+    assert written["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|")
+    assert written["tokenized_bleu"] == pytest.approx(tokenized_bleu(hypotheses, REFERENCES)["score"])
+    assert written["num_sentences"] == 3
+    assert (written["source_lang"], written["target_lang"], written["model"]) == ("x", "de", str(model_dir))
+    assert written["decoding"] == {"suffix": " Ende", "translate_fn": f"{__name__}.copy_references"}
+
+
+def test_evaluate_model_default_translation_from_files(model_dir, tmp_path):
+    (tmp_path / "test.en").write_text("a b\nc d e\n", encoding="utf-8")
+    (tmp_path / "test.de").write_text("Ein Mann.\nZwei Kinder.\n", encoding="utf-8")
+    report = evaluate_model(
+        model_dir, tmp_path / "test.en", tmp_path / "test.de", source_lang="en", target_lang="de",
+        hypotheses_file=tmp_path / "hyp.de",
+    )  # fmt: skip
+    hypotheses = (tmp_path / "hyp.de").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(hypotheses) == 2 and report["num_sentences"] == 2
+    assert report["sacrebleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(hypotheses, [["Ein Mann.", "Zwei Kinder."]]).score, abs=1e-12
+    )
+    assert report["source_file"] == str(tmp_path / "test.en") and "translate_fn" in report["decoding"]
+
+
+def test_generate_translate_lines_respects_max_length(model_dir):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    lines = ["a", "b c d"]
+    out = generate_translate_lines(model, tokenizer, lines, num_beams=2, max_length_offset=3, batch_size=1)
+    assert len(out) == 2
+    for line, hyp in zip(lines, out):  # at most input length + 3 new tokens (the decoder start is not new)
+        new_tokens = tokenizer(text_target=hyp, add_special_tokens=False).input_ids
+        assert len(new_tokens) <= len(tokenizer(line).input_ids) + 3
+    settings = decoding_settings(generate_translate_lines, {"num_beams": 2})
+    assert settings["num_beams"] == 2 and settings["length_penalty"] == 0.6 and settings["max_length_offset"] == 50
+
+
+def test_evaluate_model_from_dataset(model_dir):
+    from datasets import Dataset
+
+    pairs = zip(["Quelle eins", "Quelle zwei"], REFERENCES)
+    data = Dataset.from_dict({"translation": [{"xx": s, "de": r} for s, r in pairs]})
+    report = evaluate_model(model_dir, dataset=data, source_lang="xx", target_lang="de", translate_fn=copy_references)
+    assert report["sacrebleu"] == pytest.approx(100.0) and report["num_sentences"] == 2
+    with pytest.raises(ValueError, match="Dataset row 0 has no 'fr' text"):
+        evaluate_model(model_dir, dataset=data, source_lang="xx", target_lang="fr", translate_fn=copy_references)
+
+
+def test_bad_test_files(model_dir, tmp_path):
+    (tmp_path / "a.en").write_text("one\ntwo\nthree\n", encoding="utf-8")
+    (tmp_path / "a.de").write_text("eins\nzwei\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"a\.en has 3 lines, .*a\.de has 2 lines"):
+        evaluate_model(model_dir, tmp_path / "a.en", tmp_path / "a.de", translate_fn=copy_references)
+    (tmp_path / "b.de").write_bytes("eins\nzw\xc3\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"b\.de:2: invalid UTF-8"):
+        read_lines(tmp_path / "b.de")
+    (tmp_path / "c.de").write_text("eins\n  \ndrei\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"c\.de:2: empty line"):
+        evaluate_model(model_dir, tmp_path / "a.en", tmp_path / "c.de", translate_fn=copy_references)
+    with pytest.raises(ValueError, match="Pass `tokenizer`"):
+        evaluate_model(torch.nn.Linear(1, 1), ["a"], ["b"])
+    with pytest.raises(RuntimeError, match="returned 0 translations for 1 sources"):
+        evaluate_model(model_dir, ["a"], ["b"], translate_fn=lambda model, tokenizer, lines: [])
+
+
+def run_script(*args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, str(REPO / "scripts" / "evaluate.py"), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_translates_and_scores(model_dir, tmp_path):
+    (tmp_path / "test.en").write_text("Ein Mann mit Hut.\nZwei Kinder.\n", encoding="utf-8")
+    (tmp_path / "test.de").write_text("Ein Mann mit einem Hut.\nZwei Kinder spielen.\n", encoding="utf-8")
+    done = run_script(
+        "--model", model_dir, "--test-prefix", tmp_path / "test", "--source-lang", "en", "--target-lang", "de",
+        "--num-beams", "2", "--output-json", tmp_path / "eval.json", "--hypotheses-file", tmp_path / "hyp.de",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = json.loads((tmp_path / "eval.json").read_text(encoding="utf-8"))
+    assert written == json.loads(done.stdout)
+    hypotheses = (tmp_path / "hyp.de").read_text(encoding="utf-8").split("\n")[:-1]
+    references = read_lines(tmp_path / "test.de")
+    assert written["sacrebleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-12)
+    assert written["decoding"]["num_beams"] == 2 and written["num_sentences"] == 2
+
+    # Scoring existing translations, without a model.
+    (tmp_path / "given.de").write_text("\n".join(HYPOTHESES) + "\n", encoding="utf-8")
+    (tmp_path / "ref.de").write_text("\n".join(REFERENCES) + "\n", encoding="utf-8")
+    done = run_script("--hypotheses", tmp_path / "given.de", "--reference", tmp_path / "ref.de", "--target-lang", "de")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == json.loads(json.dumps(
+        evaluation_report(HYPOTHESES, REFERENCES, target_lang="de", hypotheses_file=str(tmp_path / "given.de"),
+                          reference_file=str(tmp_path / "ref.de"))
+    ))  # fmt: skip
+
+
+
+def test_cli_reports_bad_input_as_an_error(model_dir, tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evaluate_script", REPO / "scripts" / "evaluate.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    (tmp_path / "test.en").write_text("a\nb\n", encoding="utf-8")
+    (tmp_path / "ref.de").write_text("a\nb\nc\n", encoding="utf-8")
+    assert script.main(["--model", str(model_dir), "--source", str(tmp_path / "test.en"),
+                        "--reference", str(tmp_path / "ref.de")]) == 1  # fmt: skip
+    stderr = capsys.readouterr().err
+    assert "test.en has 2 lines" in stderr and "ref.de has 3 lines" in stderr
+    with pytest.raises(SystemExit):
+        script.main(["--model", str(model_dir), "--reference", str(tmp_path / "ref.de")])
+    assert "--model needs --source" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["--hypotheses", "h", "--reference", "r", "--decoding", "beam"])
+    assert "--decoding expects KEY=VALUE" in capsys.readouterr().err

@@ -225,7 +225,9 @@ def test_evaluate_model_report_and_json(model_dir, tmp_path):
     assert written["tokenized_bleu"] == pytest.approx(tokenized_bleu(hypotheses, REFERENCES)["score"])
     assert written["num_sentences"] == 3
     assert (written["source_lang"], written["target_lang"], written["model"]) == ("x", "de", str(model_dir))
-    assert written["decoding"] == {"suffix": " Ende", "translate_fn": f"{__name__}.copy_references"}
+    assert written["decoding"]["suffix"] == " Ende"
+    assert written["decoding"]["translate_fn"] == f"{__name__}.copy_references"
+    assert written["decoding"]["generation_config"]["num_beams"] == 4
 
 
 def test_evaluate_model_default_translation_from_files(model_dir, tmp_path):
@@ -243,18 +245,22 @@ def test_evaluate_model_default_translation_from_files(model_dir, tmp_path):
     assert report["source_file"] == str(tmp_path / "test.en") and "translate_fn" in report["decoding"]
 
 
-def test_generate_translate_lines_respects_max_length(model_dir):
+def test_generate_translate_lines_batches_in_input_order_with_the_models_decoding(model_dir):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
-    lines = ["a", "b c d"]
-    out = generate_translate_lines(model, tokenizer, lines, num_beams=2, max_length_offset=3, batch_size=1)
-    assert len(out) == 2
-    for line, hyp in zip(lines, out):  # at most input length + 3 new tokens (the decoder start is not new)
-        new_tokens = tokenizer(text_target=hyp, add_special_tokens=False).input_ids
-        assert len(new_tokens) <= len(tokenizer(line).input_ids) + 3
-    settings = decoding_settings(generate_translate_lines, {"num_beams": 2})
-    assert settings["num_beams"] == 2 and settings["length_penalty"] == 0.6 and settings["max_length_offset"] == 50
+    lines = ["a", "Ein Mann mit Hut", "b c d", "Zwei"]
+    batched = generate_translate_lines(model, tokenizer, lines, batch_size=3, max_len_b=4)
+    one_by_one = [model.generate(**tokenizer([line], return_tensors="pt"), max_len_b=4)[0] for line in lines]
+    one_by_one = tokenizer.batch_decode(one_by_one, skip_special_tokens=True)
+    assert batched == one_by_one
+    settings = decoding_settings(generate_translate_lines, {"max_len_b": 4}, model)
+    assert settings["translate_fn"] == "vaswani_transformer.evaluation.generate_translate_lines"
+    assert settings["batch_size"] == 32 and settings["max_len_b"] == 4
+    assert settings["generation_config"] == {  # the paper's decoding, from the model's generation config
+        "num_beams": 4, "length_penalty": 0.6, "length_penalty_type": "gnmt", "max_len_a": 1, "max_len_b": 50,
+        "early_stopping": True,
+    }  # fmt: skip
 
 
 def test_evaluate_model_from_dataset(model_dir):

@@ -176,31 +176,25 @@ def _from_dataset(dataset, source_lang: str, target_lang: str) -> tuple[list[str
 
 
 def generate_translate_lines(
-    model,
-    tokenizer,
-    lines: Sequence[str],
-    num_beams: int = 4,
-    length_penalty: float = 0.6,
-    max_length_offset: int = 50,
-    batch_size: int = 32,
+    model, tokenizer, lines: Sequence[str], batch_size: int = 32, **generate_kwargs
 ) -> list[str]:
-    """Translate with `model.generate` in fixed-size batches (fallback when `vaswani_transformer.inference` is
-    not available). Beam 4, at most input length + 50 new tokens (paper, Section 6.1); note that
-    transformers' `length_penalty` divides scores by length**alpha, which is not the paper's GNMT penalty.
+    """Translate with `model.generate` (fallback when `vaswani_transformer.inference` is not available).
+
+    Decoding is the model's generation config - for this package's models the paper's (beam 4, GNMT length
+    penalty alpha 0.6, at most source length + 50 tokens, see `vaswani_transformer.generation`) - updated with
+    `generate_kwargs` (e.g. `num_beams=1`, `max_len_b=20`). Sentences are batched by length (longest first, to
+    waste little padding) and returned in the input order.
     """
-    hypotheses = []
-    for start in tqdm(range(0, len(lines), batch_size), desc="Translating", unit="batch"):
-        batch = tokenizer(list(lines[start : start + batch_size]), return_tensors="pt", padding=True)
+    order = sorted(range(len(lines)), key=lambda i: len(lines[i]), reverse=True)
+    hypotheses: list[str | None] = [None] * len(lines)
+    for start in tqdm(range(0, len(order), batch_size), desc="Translating", unit="batch"):
+        indices = order[start : start + batch_size]
+        batch = tokenizer([lines[i] for i in indices], return_tensors="pt", padding=True)
         batch = {key: batch[key].to(model.device) for key in ("input_ids", "attention_mask")}
         with torch.no_grad():
-            output = model.generate(
-                **batch,
-                num_beams=num_beams,
-                length_penalty=length_penalty,
-                max_new_tokens=batch["input_ids"].shape[1] + max_length_offset,
-                early_stopping=True,
-            )
-        hypotheses.extend(tokenizer.batch_decode(output, skip_special_tokens=True))
+            output = model.generate(**batch, **generate_kwargs)
+        for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
+            hypotheses[i] = text
     return hypotheses
 
 
@@ -215,10 +209,18 @@ def default_translate_fn() -> Callable:
     return translate_lines
 
 
-def decoding_settings(translate_fn: Callable, decoding: dict | None = None) -> dict[str, Any]:
-    """The settings a `translate_fn(model, tokenizer, lines, **decoding)` call uses: its keyword defaults
-    (JSON-representable ones) updated with `decoding`, and the function's qualified name."""
-    settings: dict[str, Any] = {}
+_GENERATION_FIELDS = (
+    "num_beams", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b", "early_stopping",
+    "max_length", "max_new_tokens", "do_sample", "num_return_sequences",
+)  # fmt: skip
+
+
+def decoding_settings(translate_fn: Callable, decoding: dict | None = None, model=None) -> dict[str, Any]:
+    """What decoded a test set, for the report: the translate function's qualified name and keyword defaults
+    (JSON-representable ones), the decoding fields of `model.generation_config` (under "generation_config"),
+    then the explicit `decoding` arguments, which take precedence."""
+    name = getattr(translate_fn, "__qualname__", type(translate_fn).__name__)
+    settings: dict[str, Any] = {"translate_fn": f"{getattr(translate_fn, '__module__', '?')}.{name}"}
     try:
         parameters = list(inspect.signature(translate_fn).parameters.values())[3:]
     except (TypeError, ValueError):
@@ -228,9 +230,11 @@ def decoding_settings(translate_fn: Callable, decoding: dict | None = None) -> d
             parameter.default, (bool, int, float, str, type(None))
         ):
             settings[parameter.name] = parameter.default
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        values = generation_config.to_dict()
+        settings["generation_config"] = {k: values[k] for k in _GENERATION_FIELDS if values.get(k) is not None}
     settings.update(decoding or {})
-    name = getattr(translate_fn, "__qualname__", type(translate_fn).__name__)
-    settings["translate_fn"] = f"{getattr(translate_fn, '__module__', '?')}.{name}"
     return settings
 
 
@@ -358,7 +362,7 @@ def evaluate_model(
         source_lang=source_lang,
         target_lang=target_lang,
         model=model_name,
-        decoding=decoding_settings(translate_fn, decoding),
+        decoding=decoding_settings(translate_fn, decoding, model),
         tokenize=tokenize,
         output_json=output_json,
         **extra,

@@ -207,6 +207,21 @@ def test_sentence_dependent_logits_processors_see_their_own_rows():
         assert set(batched[row]) <= set(allowed[row])
 
 
+def test_a_stopping_criterion_finishes_hypotheses_like_an_extra_eos_token():
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class EndsWith(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == 39
+
+    model = tiny_model(1, eos_bias=1.5)
+    inputs = random_sources(12)
+    with_criterion = model.generate(**inputs, max_len_b=8, stopping_criteria=StoppingCriteriaList([EndsWith()]))
+    with_two_eos = model.generate(**inputs, max_len_b=8, eos_token_id=[EOS, 39])
+    assert torch.equal(with_criterion, with_two_eos)
+    assert (with_two_eos == 39).any()
+
+
 def test_search_stops_early_when_no_running_beam_can_win():
     model = tiny_model(2, eos_bias=1.5)
     inputs = random_sources(102)

@@ -379,16 +379,24 @@ def paper_beam_search(
         top_beams = torch.div(top_indices, vocab_size, rounding_mode="floor")
         top_tokens = top_indices % vocab_size
         source_rows = torch.arange(num_active, device=device)[:, None] * num_beams + top_beams  # (A, 2K)
-        flat_rows = source_rows.reshape(-1)
-        candidate_sequences = torch.cat([sequences[flat_rows], top_tokens.reshape(-1, 1)], dim=-1)
-        origin = (active[:, None] * num_beams + top_beams).reshape(-1, 1)
-        candidate_history = torch.cat([history[flat_rows], origin], dim=-1)
+        origins = active[:, None] * num_beams + top_beams  # the same rows, numbered in the full batch
+
+        def extend(candidates: torch.Tensor):
+            """Token sequences (and beam_indices) of the chosen candidates, shape (A, n) -> (A * n, length + 1)."""
+            rows = source_rows.gather(1, candidates).reshape(-1)
+            tokens = top_tokens.gather(1, candidates).reshape(-1, 1)
+            extended = torch.cat([sequences[rows], tokens], dim=-1)
+            if not return_dict:
+                return extended, history
+            return extended, torch.cat([history[rows], origins.gather(1, candidates).reshape(-1, 1)], dim=-1)
 
         generated = sequences.shape[-1] + 1 - prompt_length  # |Y| of the candidates
         limit = limits[active]
         ends = torch.isin(top_tokens, eos_ids)
-        for criterion in extra_criteria:
-            ends |= criterion(candidate_sequences, all_scores).view(num_active, num_candidates).to(device)
+        if extra_criteria:
+            all_candidates, _ = extend(candidate_rank.expand(num_active, -1))
+            for criterion in extra_criteria:
+                ends |= criterion(all_candidates, all_scores).view(num_active, num_candidates).to(device)
         at_limit = limit <= generated
         ends |= at_limit[:, None]
         is_done = done[active]
@@ -402,18 +410,20 @@ def paper_beam_search(
             penalised = penalised.masked_fill(~newly_finished[merging, :num_beams], -math.inf)
             best_scores, best = torch.cat([finished_scores[sentences], penalised], dim=-1).topk(num_beams, dim=-1)
             width = prompt_length + max_new
-            new_sequences = candidate_sequences.view(num_active, num_candidates, -1)[merging, :num_beams]
+            new_sequences, new_history = extend(candidate_rank[:num_beams].expand(num_active, -1))
+            new_sequences = new_sequences.view(num_active, num_beams, -1)[merging]
             new_sequences = nn.functional.pad(new_sequences, (0, width - new_sequences.shape[-1]), value=pad_token_id)
-            new_history = candidate_history.view(num_active, num_candidates, -1)[merging, :num_beams]
-            new_history = nn.functional.pad(new_history, (0, max_new - new_history.shape[-1]), value=-1)
             merged_sequences = torch.cat([finished_sequences[sentences], new_sequences], dim=1)
-            merged_history = torch.cat([finished_history[sentences], new_history], dim=1)
+            finished_sequences[sentences] = merged_sequences.gather(1, best[:, :, None].expand(-1, -1, width))
+            if return_dict:
+                new_history = new_history.view(num_active, num_beams, -1)[merging]
+                new_history = nn.functional.pad(new_history, (0, max_new - new_history.shape[-1]), value=-1)
+                merged_history = torch.cat([finished_history[sentences], new_history], dim=1)
+                finished_history[sentences] = merged_history.gather(1, best[:, :, None].expand(-1, -1, max_new))
             merged_lengths = torch.cat(
                 [finished_lengths[sentences], finished_lengths.new_full((count, num_beams), generated)], dim=1
             )
             finished_scores[sentences] = best_scores
-            finished_sequences[sentences] = merged_sequences.gather(1, best[:, :, None].expand(-1, -1, width))
-            finished_history[sentences] = merged_history.gather(1, best[:, :, None].expand(-1, -1, max_new))
             finished_lengths[sentences] = merged_lengths.gather(1, best)
 
         # The next running beams: the best num_beams continuations that did not end (dead ones at -inf).
@@ -421,10 +431,8 @@ def paper_beam_search(
         selected = order.topk(num_beams, dim=-1, largest=False).indices  # sorted: best first
         running_scores = top_scores.gather(1, selected)
         running_scores = running_scores.masked_fill(ends.gather(1, selected), -math.inf)
-        beam_rows = (torch.arange(num_active, device=device)[:, None] * num_candidates + selected).reshape(-1)
-        sequences = candidate_sequences[beam_rows]
-        history = candidate_history[beam_rows]
-        cache_rows = flat_rows[beam_rows]
+        cache_rows = source_rows.gather(1, selected).reshape(-1)
+        sequences, history = extend(selected)
 
         # Which sentences are done: at their limit, or no running beam can beat their worst kept hypothesis.
         best_running = running_scores[:, 0]

@@ -1,0 +1,179 @@
+"""Beam search speed: our `generate` (the paper's beam search) vs MarianMTModel's (transformers' beam search).
+
+MarianMTModel gets exactly our random weights (`marian_with_the_same_weights`: same post-LN layers, ReLU, scaled
+shared embeddings, the hidden dimension permuted for Marian's sines-then-cosines layout; checked on logits), so the
+two compute the same function: d_model 256, 3 + 3 layers, 4 heads, d_ff 1024, shared vocabulary of 8000. They
+decode the same batch of random sources (~20 tokens) with beam 4, length penalty 0.6, in two scenarios:
+
+* fixed: </s> is suppressed, every sentence runs exactly `--new-tokens` steps (the models and the loops);
+* natural: `--eos-bias` makes </s> likely enough that hypotheses end at various lengths; maximum length source
+  length + 50 (ours: per sentence, the paper's rule; transformers': one `max_length`, the longest sentence's).
+
+Rows: ours with the paper's beam search (the default `generate`); ours with `length_penalty_type="transformers"`
+(transformers' loop on our model: must give MarianMT's output exactly); MarianMTModel with transformers' beam
+search, `early_stopping=True` (stop at num_beams finished hypotheses; fewer steps than an exact search) and "never"
+(the exact search, what ours does).
+
+Target: ours >= 1.5x MarianMT's sentences/second.
+
+    python benchmarks/beam_search_speed.py --batch-size 32 --repeats 3 --threads 1
+"""
+
+import argparse
+import time
+
+import torch
+from transformers import MarianConfig, MarianMTModel
+
+from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
+
+
+def sources(batch_size: int, length: int, vocab_size: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(length - 5, length + 6, (batch_size,), generator=generator)
+    ids = torch.zeros(batch_size, int(lengths.max()), dtype=torch.long)
+    for row, n in enumerate(lengths.tolist()):
+        ids[row, : n - 1] = torch.randint(4, vocab_size, (n - 1,), generator=generator)
+        ids[row, n - 1] = 2
+    return {"input_ids": ids, "attention_mask": (ids != 0).long()}
+
+
+def marian_with_the_same_weights(ours: VaswaniTransformerForConditionalGeneration) -> MarianMTModel:
+    """A MarianMTModel computing exactly our function: same post-LN layers, ReLU, scaled shared embeddings.
+
+    Marian's sinusoids put all sines before all cosines where ours interleave them: the hidden dimension is permuted
+    (a relabelling of coordinates that every linear layer, LayerNorm and residual connection commutes with).
+    """
+    config = ours.config
+    d_model = config.d_model
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=config.vocab_size, d_model=d_model, encoder_layers=config.encoder_layers,
+            decoder_layers=config.decoder_layers, encoder_attention_heads=config.num_heads,
+            decoder_attention_heads=config.num_heads, encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
+            activation_function="relu", scale_embedding=True, dropout=0.0, attention_dropout=0.0,
+            activation_dropout=0.0, pad_token_id=0, eos_token_id=2, decoder_start_token_id=1,
+            forced_eos_token_id=None, max_position_embeddings=512,
+        )
+    ).eval()  # fmt: skip
+    perm = torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+    ours_state = ours.state_dict()
+    state = {"model.shared.weight": ours_state["model.shared.weight"][:, perm]}
+
+    def attention(target, source):
+        for name in ("q_proj", "k_proj", "v_proj"):
+            state[f"{target}.{name}.weight"] = ours_state[f"{source}.{name}.weight"][:, perm]
+            state[f"{target}.{name}.bias"] = ours_state[f"{source}.{name}.bias"]
+        state[f"{target}.out_proj.weight"] = ours_state[f"{source}.o_proj.weight"][perm]
+        state[f"{target}.out_proj.bias"] = ours_state[f"{source}.o_proj.bias"][perm]
+
+    def norm(target, source):
+        state[f"{target}.weight"] = ours_state[f"{source}.layer_norm.weight"][perm]
+        state[f"{target}.bias"] = ours_state[f"{source}.layer_norm.bias"][perm]
+
+    def feed_forward(target, source):
+        state[f"{target}.fc1.weight"] = ours_state[f"{source}.feed_forward.w1.weight"][:, perm]
+        state[f"{target}.fc1.bias"] = ours_state[f"{source}.feed_forward.w1.bias"]
+        state[f"{target}.fc2.weight"] = ours_state[f"{source}.feed_forward.w2.weight"][perm]
+        state[f"{target}.fc2.bias"] = ours_state[f"{source}.feed_forward.w2.bias"][perm]
+
+    for side in ("encoder", "decoder"):
+        for i in range(getattr(config, f"{side}_layers")):
+            target, source = f"model.{side}.layers.{i}", f"model.{side}.layers.{i}"
+            attention(f"{target}.self_attn", f"{source}.self_attn")
+            norm(f"{target}.self_attn_layer_norm", f"{source}.self_attn_residual")
+            if side == "decoder":
+                attention(f"{target}.encoder_attn", f"{source}.encoder_attn")
+                norm(f"{target}.encoder_attn_layer_norm", f"{source}.encoder_attn_residual")
+            feed_forward(target, source)
+            norm(f"{target}.final_layer_norm", f"{source}.feed_forward_residual")
+    missing, unexpected = marian.load_state_dict(state, strict=False)
+    assert not unexpected, unexpected
+    assert all("embed_positions" in k or "embed_tokens" in k or k in ("lm_head.weight", "final_logits_bias")
+               for k in missing), missing  # fmt: skip
+    with torch.no_grad():  # the same function, checked on a random batch
+        ids = torch.randint(3, config.vocab_size, (2, 7))
+        expected = ours(input_ids=ids, decoder_input_ids=ids).logits
+        torch.testing.assert_close(marian(input_ids=ids, decoder_input_ids=ids).logits, expected, atol=1e-4, rtol=1e-4)
+    return marian
+
+
+def timed(generate, inputs, repeats: int) -> float:
+    generate(**inputs)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        generate(**inputs)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--source-length", type=int, default=20)
+    parser.add_argument("--new-tokens", type=int, default=30)
+    parser.add_argument("--eos-bias", type=float, default=3.0, help="scenario 'natural': makes </s> likelier")
+    parser.add_argument("--num-beams", type=int, default=4)
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    size = dict(d_model=256, encoder_layers=3, decoder_layers=3)
+    ours = VaswaniTransformerForConditionalGeneration(
+        VaswaniTransformerConfig(vocab_size=args.vocab_size, num_heads=4, d_ff=1024, dropout=0.0, **size)
+    ).eval()
+    if args.eos_bias:
+        with torch.no_grad():  # make </s> likelier, so that hypotheses end at various lengths
+            eos = ours.lm_head.weight[2]
+            ours.model.decoder.layers[-1].feed_forward_residual.layer_norm.bias.copy_(args.eos_bias * eos / eos.norm())
+    marian = marian_with_the_same_weights(ours)
+    inputs = sources(args.batch_size, args.source_length, args.vocab_size, args.seed)
+    longest = int(inputs["attention_mask"].sum(-1).max())
+    scenarios = {
+        "fixed": dict(max_new_tokens=args.new_tokens, suppress_tokens=[2]),
+        "natural": {},
+    }
+    print(
+        f"# batch {args.batch_size}, sources ~{args.source_length} tokens, beam {args.num_beams}, vocab "
+        f"{args.vocab_size}, {args.threads} thread(s), best of {args.repeats}; fixed: {args.new_tokens} steps, "
+        f"natural: eos bias {args.eos_bias}\n"
+    )
+    header = ["scenario", "decoder", "seconds", "sentences/s", "vs MarianMT (True)"]
+    rows = []
+    for scenario, settings in scenarios.items():
+        common = dict(num_beams=args.num_beams, length_penalty=0.6, **settings)
+        # transformers' decoders take one max_length for the batch: the longest sentence's (source length + 50).
+        hf_length = {} if "max_new_tokens" in settings else {"max_new_tokens": longest + 50}
+        runs = {
+            "ours, paper beam search": lambda **x: ours.generate(**x, **common),
+            "ours, transformers' beam search": lambda **x: ours.generate(
+                **x, **common, length_penalty_type="transformers"
+            ),
+            "MarianMTModel, early_stopping=True": lambda **x: marian.generate(
+                **x, **common, **hf_length, early_stopping=True
+            ),
+            "MarianMTModel, early_stopping='never'": lambda **x: marian.generate(
+                **x, **common, **hf_length, early_stopping="never"
+            ),
+        }
+        seconds = {name: timed(run, inputs, args.repeats) for name, run in runs.items()}
+        # Same weights, same loop: the comparison is of like with like.
+        same = torch.equal(runs["ours, transformers' beam search"](**inputs), runs["MarianMTModel, early_stopping=True"](**inputs))
+        print(f"{scenario}: ours with transformers' beam search == MarianMTModel's output: {same}")
+        if scenario == "natural":
+            lengths = (runs["ours, paper beam search"](**inputs)[:, 1:] != 0).sum(-1).float()
+            print(f"natural: output lengths of the paper beam search: mean {lengths.mean():.1f}, max {lengths.max():.0f}")
+        baseline = seconds["MarianMTModel, early_stopping=True"]
+        for name, s in seconds.items():
+            rows.append([scenario, name, f"{s:.3f}", f"{args.batch_size / s:.1f}", f"{baseline / s:.2f}x"])
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, ["-" * w for w in widths], *rows]:
+        print(" | ".join(str(cell).ljust(width) for cell, width in zip(row, widths)))
+
+if __name__ == "__main__":
+    main()

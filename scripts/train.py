@@ -1,0 +1,19 @@
+#!/usr/bin/env python
+"""Train the paper's Transformer: `accelerate launch scripts/train.py configs/quickstart.yaml` (or `python ...`).
+
+The first argument may be a YAML/JSON recipe (see configs/); any `--flag value` after it overrides the recipe.
+All of `Seq2SeqTrainingArguments` is accepted, plus the data/model flags of transformers' run_translation.py
+example and ours (--preset, --config_overrides, --max_tokens_per_batch, --tokens_per_update, --synthetic_task,
+--average_last_checkpoints, --lr_factor, --save_every_minutes). `--help` lists everything.
+"""
+
+import os
+import sys
+
+# scripts/evaluate.py would shadow the `evaluate` package: do not import from this folder.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+from vaswani_transformer.training import main  # noqa: E402
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,791 @@
+"""Training with the paper's recipe: `Seq2SeqTrainer` under `accelerate launch`, token batches, Adam + warmup.
+
+The recipe (section 5.3 and 5.4 of the paper) is the default of :class:`VaswaniTrainingArguments`:
+
+* Adam with beta1=0.9, beta2=0.98, eps=1e-9 and no weight decay (:meth:`VaswaniSeq2SeqTrainer.create_optimizer`);
+* ``lr = lr_factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)`` with ``warmup_steps=4000``
+  (:func:`paper_learning_rate`); update number ``n`` (1-based, as in the paper) uses ``step = n``;
+* label smoothing 0.1; no gradient clipping (``max_grad_norm=0``) unless asked;
+* batches of about ``max_tokens_per_batch`` source and target tokens per device from
+  :class:`vaswani_transformer.data.TokenBatchSampler`; ``tokens_per_update`` (25000 in the paper: 8 GPUs x ~3k)
+  sets ``gradient_accumulation_steps = round(tokens_per_update / (max_tokens_per_batch * num_processes))``.
+
+Loss normalisation: every micro-batch's loss is the mean over its (non-padding) target tokens, and the Trainer
+averages these means over accumulation steps and processes. Batches hold about the same number of tokens, so
+this is close to the per-token mean over the whole update, but not identical to it.
+
+Distributed: each rank builds the sampler with its own ``rank`` (batch ``j`` of an epoch goes to rank
+``j % num_processes``); the DataLoader is prepared by accelerate for device placement, and the
+``BatchSamplerShard`` wrapper accelerate adds is made a pass-through so the batches are not split twice (the same
+thing transformers does for its own rank-aware ``BatchRebalanceSampler``). DDP all-reduces gradients, so weights
+stay identical across ranks.
+
+Checkpoints: ``save_steps`` and/or ``save_every_minutes`` (the paper: every 10 minutes; the decision is made on
+rank 0 and broadcast); ``resume_from_checkpoint="latest"`` resumes from the newest *complete* checkpoint
+(:func:`find_last_complete_checkpoint`); half-written ones (a run killed while saving) are moved aside to
+``incomplete-checkpoint-N`` with a warning, never resumed from.
+
+Faults: a NaN or infinite loss raises :class:`NonFiniteLossError` naming the update before the optimizer steps,
+so the weights and the last saved checkpoint stay good.
+
+:func:`run_training` is the whole job (data, tokenizer, model, training, checkpoint averaging, test BLEU, example
+translations, summary); ``scripts/train.py`` only parses arguments for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    HfArgumentParser,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+)
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+logger = logging.getLogger(__name__)
+
+TRAINER_STATE_NAME = "trainer_state.json"
+SUMMARY_NAME = "training_summary.json"
+LR_SCHEDULES = ("paper", "hf")
+
+
+# ------------------------------------------------------------------------------------------------- schedule
+
+
+def paper_learning_rate(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
+    """The paper's equation (3): ``factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)``, step >= 1."""
+    if step < 1:
+        raise ValueError(f"step counts updates from 1, got {step}.")
+    if warmup_steps < 1:
+        raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}.")
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def paper_lr_scheduler(
+    optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int, factor: float = 1.0, last_epoch: int = -1
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` giving the ``n``-th optimizer update (n = 1, 2, ...) :func:`paper_learning_rate` of ``n``.
+
+    The optimizer's base learning rate is ignored: the schedule sets absolute rates (the lambda returns the rate
+    divided by the base rate of each parameter group).
+    """
+    if warmup_steps < 1:
+        raise ValueError(f"The paper schedule needs warmup_steps >= 1, got {warmup_steps}.")
+    lambdas = []
+    for group in optimizer.param_groups:
+        base = group.get("initial_lr", group["lr"])
+        if base <= 0:
+            raise ValueError(f"The optimizer's learning rate must be positive, got {base}.")
+        lambdas.append(lambda s, base=base: paper_learning_rate(s + 1, d_model, int(warmup_steps), factor) / base)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas, last_epoch=last_epoch)
+
+
+def build_optimizer(model: torch.nn.Module, args: VaswaniTrainingArguments) -> torch.optim.Optimizer:
+    """Adam with the arguments' betas and eps (paper: 0.9, 0.98, 1e-9). ``weight_decay > 0`` gives AdamW
+    (decoupled decay) on all weights except biases and LayerNorms; the paper uses none."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    common = dict(lr=1.0, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    if not args.weight_decay:
+        return torch.optim.Adam(params, weight_decay=0.0, **common)
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith("bias") else decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], **common
+    )
+
+
+def gradient_accumulation_for(tokens_per_update: int, max_tokens_per_batch: int, num_processes: int) -> int:
+    """Micro-batches per update so that one update sees about ``tokens_per_update`` tokens (at least 1)."""
+    if tokens_per_update < 1 or max_tokens_per_batch < 1 or num_processes < 1:
+        raise ValueError(
+            f"tokens_per_update ({tokens_per_update}), max_tokens_per_batch ({max_tokens_per_batch}) and the "
+            f"number of processes ({num_processes}) must be positive."
+        )
+    return max(1, round(tokens_per_update / (max_tokens_per_batch * num_processes)))
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+
+
+@dataclass
+class ModelArguments:
+    """Which model and tokenizer to train (names as in transformers' ``run_translation.py`` where they exist)."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Start from these weights (a folder or Hub id) instead of a new model."}
+    )
+    config_name: str | None = field(default=None, metadata={"help": "Config folder/id for a new model."})
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer folder/id. Default: the model's, or a new shared BPE trained on the train split."},
+    )
+    preset: str = field(default="base", metadata={"help": "Paper preset for a new model (base, big, Table 3 rows)."})
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "Config fields for a new model, 'd_model=256,d_ff=1024' (a mapping in a recipe file)."},
+    )
+    tokenizer_vocab_size: int = field(default=37000, metadata={"help": "Size of a newly trained shared vocabulary."})
+    tokenizer_model: str = field(default="bpe", metadata={"help": "bpe (paper EN-DE) or wordpiece (paper EN-FR)."})
+    cache_dir: str | None = field(default=None, metadata={"help": "datasets/transformers cache folder."})
+
+
+@dataclass
+class DataTrainingArguments:
+    """Which data, how it is filtered and batched, and what happens after training."""
+
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset or save_to_disk folder."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset config, e.g. de-en."})
+    train_file: str | None = field(default=None, metadata={"help": "prefix of .src/.tgt text files, .tsv or .jsonl"})
+    validation_file: str | None = field(default=None, metadata={"help": "like train_file"})
+    test_file: str | None = field(default=None, metadata={"help": "like train_file; BLEU at the end"})
+    synthetic_task: str | None = field(
+        default=None, metadata={"help": "Generate an offline task instead of reading data: numbers, reverse, copy."}
+    )
+    synthetic_train_size: int = field(default=20000, metadata={"help": "Training pairs of the synthetic task."})
+    synthetic_eval_size: int = field(default=200, metadata={"help": "Validation and test pairs of the synthetic task."})
+    source_lang: str | None = field(default=None, metadata={"help": "Source language code (e.g. en)."})
+    target_lang: str | None = field(default=None, metadata={"help": "Target language code (e.g. de)."})
+    max_source_length: int | None = field(
+        default=None,
+        metadata={"help": "Drop (and count) pairs whose source has more tokens (</s> included). Default: max_tokens_per_batch."},
+    )
+    max_target_length: int | None = field(default=None, metadata={"help": "Same for the target side."})
+    max_length_ratio: float | None = field(default=None, metadata={"help": "Drop pairs with longer/shorter > this."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Re-tokenise instead of using the cache."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training pairs."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N validation pairs."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "Keep the first N test pairs."})
+    max_tokens_per_batch: int = field(
+        default=4096, metadata={"help": "Per-device batch size in tokens (each side, padding included)."}
+    )
+    tokens_per_update: int | None = field(
+        default=None,
+        metadata={"help": "Target tokens per update (paper: 25000); sets gradient_accumulation_steps."},
+    )
+    average_last_checkpoints: int = field(
+        default=0, metadata={"help": "After training, average the last N checkpoints (paper: 5 base, 20 big)."}
+    )
+    num_translation_examples: int = field(default=5, metadata={"help": "Test translations printed at the end."})
+
+
+@dataclass
+class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` with the paper's recipe as defaults, plus the schedule and time-based saving."""
+
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (paper: 0.98)."})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (paper: 1e-9)."})
+    label_smoothing_factor: float = field(default=0.1, metadata={"help": "Label smoothing (paper: 0.1)."})
+    max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping norm; 0 = none (paper)."})
+    warmup_steps: float = field(default=4000, metadata={"help": "Warmup updates (paper: 4000)."})
+    lr_schedule: str = field(
+        default="paper",
+        metadata={"help": "paper: d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) * lr_factor (learning_rate is "
+                  "ignored); hf: transformers' lr_scheduler_type with learning_rate."},
+    )
+    lr_factor: float = field(default=1.0, metadata={"help": "Multiplies the paper schedule (peak rate)."})
+    save_every_minutes: float | None = field(
+        default=None, metadata={"help": "Also save a checkpoint every N minutes of training (paper: 10)."}
+    )
+    predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
+    report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Loggers (tensorboard)."})
+    logging_first_step: bool = field(default=True, metadata={"help": "Log the first update."})
+
+    def __post_init__(self):
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"Unknown lr_schedule {self.lr_schedule!r}. Valid: {', '.join(LR_SCHEDULES)}.")
+        if self.lr_schedule == "paper" and (self.warmup_steps < 1 or self.warmup_steps != int(self.warmup_steps)):
+            raise ValueError(f"The paper schedule needs an integer warmup_steps >= 1, got {self.warmup_steps}.")
+        if self.save_every_minutes is not None and self.save_every_minutes <= 0:
+            raise ValueError(f"save_every_minutes must be positive, got {self.save_every_minutes}.")
+        super().__post_init__()
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataTrainingArguments, VaswaniTrainingArguments)
+
+
+def valid_argument_names() -> list[str]:
+    return sorted(f.name for cls in ARGUMENT_CLASSES for f in dataclasses.fields(cls) if f.init)
+
+
+def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML or JSON recipe (a mapping of argument names to values); unknown keys are an error listing the
+    valid ones. ``config_overrides`` may be a mapping; it becomes ``"k=v,..."``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Recipe file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        recipe = json.loads(text)
+    elif path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        recipe = yaml.safe_load(text)
+    else:
+        raise ValueError(f"{path}: a recipe must be a .yaml, .yml or .json file.")
+    if recipe is None:
+        recipe = {}
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{path}: a recipe must be a mapping of argument names to values, got {type(recipe).__name__}.")
+    valid = set(valid_argument_names())
+    unknown = sorted(k for k in recipe if k not in valid)
+    if unknown:
+        hints = "; ".join(
+            f"{k!r}: did you mean {', '.join(repr(m) for m in difflib.get_close_matches(k, valid, n=3))}?"
+            for k in unknown
+            if difflib.get_close_matches(k, valid, n=3)
+        )
+        raise ValueError(
+            f"{path}: unknown recipe key(s) {unknown}. {hints + ' ' if hints else ''}"
+            f"Valid keys: {', '.join(sorted(valid))}."
+        )
+    if isinstance(recipe.get("config_overrides"), dict):
+        recipe["config_overrides"] = ",".join(f"{k}={v}" for k, v in recipe["config_overrides"].items())
+    return recipe
+
+
+def parse_arguments(argv: list[str] | None = None):
+    """``(model_args, data_args, training_args)`` from the command line.
+
+    The first argument may be a ``.yaml``/``.yml``/``.json`` recipe; further ``--flags`` override its values.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser(ARGUMENT_CLASSES)
+    if argv and not argv[0].startswith("-") and Path(argv[0]).suffix.lower() in (".yaml", ".yml", ".json"):
+        recipe = load_recipe(argv.pop(0))
+        for action in parser._actions:
+            if action.dest in recipe:
+                action.required = False
+        parser.set_defaults(**recipe)
+    model_args, data_args, training_args, rest = parser.parse_args_into_dataclasses(
+        args=argv, return_remaining_strings=True
+    )
+    if rest:
+        raise ValueError(f"Unknown arguments {rest}. Valid arguments: {', '.join('--' + n for n in valid_argument_names())}.")
+    return model_args, data_args, training_args
+
+
+def parse_config_overrides(text: str | None) -> dict[str, Any]:
+    """``"d_model=256,dropout=0.1,share_embeddings=true"`` -> typed dict (ints, floats, booleans, None, strings)."""
+    out: dict[str, Any] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise ValueError(f"config_overrides: expected key=value, got {item!r}.")
+        key, value = (s.strip() for s in item.split("=", 1))
+        low = value.lower()
+        if low in ("true", "false"):
+            out[key] = low == "true"
+        elif low in ("none", "null"):
+            out[key] = None
+        else:
+            for cast in (int, float):
+                try:
+                    out[key] = cast(value)
+                    break
+                except ValueError:
+                    continue
+            else:
+                out[key] = value
+    from .configuration_vaswani_transformer import VaswaniTransformerConfig
+
+    valid = {f.name for f in dataclasses.fields(VaswaniTransformerConfig)}
+    unknown = sorted(set(out) - valid)
+    if unknown:
+        raise ValueError(f"config_overrides: unknown config field(s) {unknown}. Valid fields: {', '.join(sorted(valid))}.")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def is_complete_checkpoint(path: str | os.PathLike) -> bool:
+    """A checkpoint is complete when its ``trainer_state.json`` (written last by the Trainer, after the weights,
+    optimizer, scheduler and RNG states) parses and the weights, optimizer and scheduler files exist."""
+    path = Path(path)
+    try:
+        json.loads((path / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    has_weights = any((path / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
+    has_optimizer = any(path.glob("optimizer*")) and any(path.glob("scheduler*"))
+    return has_weights and has_optimizer
+
+
+def find_last_complete_checkpoint(output_dir: str | os.PathLike, quarantine: bool = True) -> str | None:
+    """The newest complete ``checkpoint-N`` in ``output_dir`` (by N), or None.
+
+    Incomplete ones newer than it (left by a killed run) are renamed ``incomplete-checkpoint-N`` (or
+    ``incomplete-checkpoint-N.K``) with a warning when ``quarantine`` is true, so the Trainer's own checkpoint
+    rotation and later saves never mistake them for real checkpoints.
+    """
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return None
+    found = []
+    for p in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        suffix = p.name[len(PREFIX_CHECKPOINT_DIR) + 1 :]
+        if p.is_dir() and suffix.isdigit():
+            found.append((int(suffix), p))
+    for _, p in sorted(found, reverse=True):
+        if is_complete_checkpoint(p):
+            return str(p)
+        if quarantine:
+            target = output_dir / f"incomplete-{p.name}"
+            k = 0
+            while target.exists():
+                k += 1
+                target = output_dir / f"incomplete-{p.name}.{k}"
+            logger.warning("Checkpoint %s is incomplete (a run stopped while saving it); moved to %s.", p, target)
+            p.rename(target)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------- trainer
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training stopped on a NaN or infinite loss (the message names the update); checkpoints stay as they were."""
+
+
+class SaveEveryMinutesCallback(TrainerCallback):
+    """Ask for a checkpoint when ``minutes`` of wall time passed since the last one (decided on rank 0)."""
+
+    def __init__(self, minutes: float):
+        self.seconds = minutes * 60.0
+        self.last = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.last = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        due = time.monotonic() - self.last >= self.seconds
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([1 if due else 0], dtype=torch.int64)
+            if torch.distributed.get_backend() == "nccl":
+                flag = flag.cuda()
+            torch.distributed.broadcast(flag, src=0)
+            due = bool(flag.item())
+        if due:
+            control.should_save = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.last = time.monotonic()
+
+
+class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with the paper's optimizer and schedule, token batches and a NaN/inf guard.
+
+    Args (besides the Trainer's): ``max_tokens_per_batch`` for the :class:`~vaswani_transformer.data.TokenBatchSampler`
+    (``None``: the Trainer's usual sentence batches).
+    """
+
+    def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.train_sampler = None
+        self.tokens_seen = {"source": 0, "target": 0}
+        self._train_start: float | None = None
+        if getattr(self.args, "save_every_minutes", None):
+            self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))
+
+    # -- optimisation
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            self.optimizer = build_optimizer(self.model if model is None else model, self.args)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if getattr(self.args, "lr_schedule", "hf") != "paper":
+            if self.optimizer is not None and self.lr_scheduler is None:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = self.args.learning_rate
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            d_model = self.accelerator.unwrap_model(self.model).config.d_model
+            self.lr_scheduler = paper_lr_scheduler(
+                optimizer or self.optimizer, d_model, int(self.args.warmup_steps), self.args.lr_factor
+            )
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    # -- data
+    def get_train_dataloader(self):
+        if self.max_tokens_per_batch is None:
+            return super().get_train_dataloader()
+        from torch.utils.data import DataLoader
+
+        from .data import TokenBatchSampler
+
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        self.train_sampler = TokenBatchSampler.from_dataset(
+            self.train_dataset,
+            self.max_tokens_per_batch,
+            num_replicas=self.args.world_size,
+            rank=self.args.process_index,
+            seed=self.args.seed,
+        )
+        loader = DataLoader(
+            self.train_dataset,
+            batch_sampler=self.train_sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+        )
+        loader = self.accelerator.prepare(loader)
+        # The sampler already gives each rank its own batches: make accelerate's BatchSamplerShard a pass-through.
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is self.train_sampler:
+            shard.num_processes, shard.process_index = 1, 0
+        return loader
+
+    # -- guard and counters
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self._train_start is None:
+            self._train_start = time.time()
+        if "labels" in inputs:
+            self.tokens_seen["target"] += int((inputs["labels"] != -100).sum())
+        if "attention_mask" in inputs:
+            self.tokens_seen["source"] += int(inputs["attention_mask"].sum())
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        finite = torch.isfinite(loss.detach()).all()
+        if self.args.world_size > 1:
+            flag = finite.to(torch.int64).reshape(1)
+            finite = self.accelerator.reduce(flag, "sum").item() == self.args.world_size
+        if not bool(finite):
+            raise NonFiniteLossError(
+                f"Non-finite loss ({loss.item()}) at update {self.state.global_step + 1}: training stopped before "
+                f"the optimizer step. The last checkpoint in {self.args.output_dir} is from before this update. "
+                "Lower the peak learning rate (lr_factor) or disable fp16."
+            )
+        return loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        """Loss on the batch plus ``generate`` from the source only (the model's generation config: the paper's
+        beam search). Unlike `Seq2SeqTrainer`, ``labels`` are not passed to ``generate``."""
+        if not self.args.predict_with_generate or prediction_loss_only:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        inputs = self._prepare_inputs(inputs)
+        if not gen_kwargs and hasattr(self, "_gen_kwargs"):
+            gen_kwargs = self._gen_kwargs.copy()
+        gen_kwargs = {k: v for k, v in gen_kwargs.items() if not (k in ("num_beams", "max_length") and v is None)}
+        generation_inputs = {k: inputs[k] for k in ("input_ids", "attention_mask") if k in inputs}
+        unwrapped = self.accelerator.unwrap_model(model)
+        with torch.no_grad():
+            generated = unwrapped.generate(**generation_inputs, **gen_kwargs)
+            loss = None
+            labels = inputs.get("labels")
+            if labels is not None:
+                with self.compute_loss_context_manager():
+                    loss = self.compute_loss(model, dict(inputs)).detach()
+        return loss, generated, labels
+
+    def create_model_card(self, *args, **kwargs):
+        try:
+            from . import hub
+        except ImportError:
+            return super().create_model_card(*args, **kwargs)
+        writer = getattr(hub, "write_model_card", None)
+        if writer is None:
+            return super().create_model_card(*args, **kwargs)
+        return writer(self.args.output_dir, trainer=self, **kwargs)
+
+    def training_summary(self) -> dict[str, Any]:
+        """Tokens seen (summed over processes), wall time and throughput of this run (since start or resume)."""
+        counts = torch.tensor([self.tokens_seen["source"], self.tokens_seen["target"]], dtype=torch.float64)
+        if self.args.world_size > 1:
+            counts = self.accelerator.reduce(counts.to(self.accelerator.device), "sum").cpu()
+        wall = time.time() - self._train_start if self._train_start is not None else 0.0
+        source, target = int(counts[0]), int(counts[1])
+        return {
+            "updates": int(self.state.global_step),
+            "source_tokens_seen": source,
+            "target_tokens_seen": target,
+            "wall_time_seconds": round(wall, 2),
+            "target_tokens_per_second": round(target / wall, 1) if wall > 0 else None,
+            "num_processes": int(self.args.world_size),
+        }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    width = max(len(k) for k in summary)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in summary.items())
+
+
+# --------------------------------------------------------------------------------------------- whole job
+
+
+def _resolve_resume(training_args: VaswaniTrainingArguments) -> str | None:
+    value = training_args.resume_from_checkpoint
+    if value in (None, "", "false", "False"):
+        return None
+    if value in ("latest", "true", "True", True):
+        found = find_last_complete_checkpoint(training_args.output_dir, quarantine=training_args.process_index == 0)
+        if found is None:
+            logger.warning("resume_from_checkpoint=%s: no complete checkpoint in %s; starting from scratch.",
+                           value, training_args.output_dir)
+        return found
+    if not is_complete_checkpoint(value):
+        raise ValueError(f"resume_from_checkpoint={value!r} is not a complete checkpoint (needs {TRAINER_STATE_NAME}, "
+                         "weights, optimizer and scheduler).")
+    return value
+
+
+def _prepare_data(model_args, data_args, training_args):
+    from .data import load_parallel_dataset
+
+    if data_args.synthetic_task is not None:
+        from .synthetic import TASK_LANGUAGES, write_synthetic_task
+
+        paths = write_synthetic_task(
+            os.path.join(training_args.output_dir, "synthetic_data"),
+            data_args.synthetic_task,
+            train_size=data_args.synthetic_train_size,
+            validation_size=data_args.synthetic_eval_size,
+            test_size=data_args.synthetic_eval_size,
+            seed=0,
+        )
+        data_args.train_file = data_args.train_file or paths["train"]
+        data_args.validation_file = data_args.validation_file or paths["validation"]
+        data_args.test_file = data_args.test_file or paths["test"]
+        src, tgt = TASK_LANGUAGES[data_args.synthetic_task]
+        data_args.source_lang = data_args.source_lang or src
+        data_args.target_lang = data_args.target_lang or tgt
+    if not data_args.source_lang or not data_args.target_lang:
+        raise ValueError("Need --source_lang and --target_lang (e.g. en and de).")
+    raw = load_parallel_dataset(
+        dataset_name=data_args.dataset_name,
+        dataset_config_name=data_args.dataset_config_name,
+        train_file=data_args.train_file,
+        validation_file=data_args.validation_file,
+        test_file=data_args.test_file,
+        source_lang=data_args.source_lang,
+        target_lang=data_args.target_lang,
+        cache_dir=model_args.cache_dir,
+    )
+    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples),
+                         ("test", data_args.max_predict_samples)):  # fmt: skip
+        if limit is not None and split in raw:
+            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+    return raw
+
+
+def _load_tokenizer(model_args, data_args, training_args, raw):
+    from transformers import AutoTokenizer
+
+    name = model_args.tokenizer_name or model_args.model_name_or_path
+    if name is not None:
+        return AutoTokenizer.from_pretrained(name, cache_dir=model_args.cache_dir)
+    from .data import iter_parallel_texts
+    from .tokenization import train_tokenizer
+
+    folder = os.path.join(training_args.output_dir, "tokenizer")
+    if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        logger.info("Using the tokenizer trained earlier in %s", folder)
+        return AutoTokenizer.from_pretrained(folder)
+    with training_args.main_process_first(desc="training the tokenizer"):
+        if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+            return AutoTokenizer.from_pretrained(folder)
+        if "train" not in raw:
+            raise ValueError("No tokenizer given and no train split to train one on: pass --tokenizer_name.")
+        logger.info("Training a shared %s vocabulary of %d on the train split", model_args.tokenizer_model,
+                    model_args.tokenizer_vocab_size)
+        return train_tokenizer(
+            iter_parallel_texts(raw, data_args.source_lang, data_args.target_lang, split="train"),
+            vocab_size=model_args.tokenizer_vocab_size,
+            model=model_args.tokenizer_model,
+            length=2 * len(raw["train"]),
+            show_progress=training_args.process_index == 0 and not training_args.disable_tqdm,
+            output_dir=folder,
+        )
+
+
+def _load_model(model_args, tokenizer):
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    from .configuration_vaswani_transformer import VaswaniTransformerConfig
+    from .modeling_vaswani_transformer import VaswaniTransformerForConditionalGeneration
+    from .tokenization import config_kwargs_from_tokenizer
+
+    overrides = parse_config_overrides(model_args.config_overrides)
+    if model_args.model_name_or_path is not None:
+        if overrides:
+            raise ValueError("config_overrides only applies to a new model, not to --model_name_or_path.")
+        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    if model_args.config_name is not None:
+        config = AutoConfig.from_pretrained(model_args.config_name, cache_dir=model_args.cache_dir, **overrides)
+    else:
+        config = VaswaniTransformerConfig.from_preset(
+            model_args.preset, **{**config_kwargs_from_tokenizer(tokenizer), **overrides}
+        )
+    return VaswaniTransformerForConditionalGeneration(config)
+
+
+def _average_checkpoints(output_dir: str, n: int) -> str:
+    """Average the last ``n`` complete checkpoints of the run into ``output_dir/averaged``."""
+    from .averaging import average_checkpoints
+
+    target = os.path.join(output_dir, "averaged")
+    done = average_checkpoints(output_dir, n, target)
+    logger.info("Averaged %s into %s", ", ".join(p.name for p in done.checkpoints), target)
+    return target
+
+
+def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
+                 training_args: VaswaniTrainingArguments, callbacks: list | None = None) -> dict[str, Any]:
+    """The whole job: data -> tokenizer -> model -> train -> (average) -> test BLEU -> examples -> summary.
+
+    Returns a dict with ``summary``, ``eval`` and ``test`` metrics and ``examples``; also written to
+    ``output_dir/training_summary.json`` by the main process.
+    """
+    from transformers import set_seed
+
+    from .data import TranslationDataCollator, tokenize_parallel_dataset
+    from .tokenization import check_tokenizer_matches_config
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO
+                        if training_args.process_index == 0 else logging.WARNING)
+    set_seed(training_args.seed)
+    if data_args.tokens_per_update is not None:
+        training_args.gradient_accumulation_steps = gradient_accumulation_for(
+            data_args.tokens_per_update, data_args.max_tokens_per_batch, training_args.world_size
+        )
+        logger.info("tokens_per_update=%d with %d tokens x %d process(es): gradient_accumulation_steps=%d",
+                    data_args.tokens_per_update, data_args.max_tokens_per_batch, training_args.world_size,
+                    training_args.gradient_accumulation_steps)
+    resume = _resolve_resume(training_args) if training_args.do_train else None
+
+    raw = _prepare_data(model_args, data_args, training_args)
+    tokenizer = _load_tokenizer(model_args, data_args, training_args, raw)
+    model = _load_model(model_args, tokenizer)
+    check_tokenizer_matches_config(tokenizer, model.config)  # before any training
+
+    max_tokens = data_args.max_tokens_per_batch
+    with training_args.main_process_first(desc="tokenizing"):
+        tokenized, report = tokenize_parallel_dataset(
+            raw, tokenizer, data_args.source_lang, data_args.target_lang,
+            max_source_tokens=data_args.max_source_length or max_tokens,
+            max_target_tokens=data_args.max_target_length or max_tokens,
+            max_length_ratio=data_args.max_length_ratio,
+            num_proc=data_args.preprocessing_num_workers,
+            load_from_cache_file=not data_args.overwrite_cache,
+        )
+    collator = TranslationDataCollator(tokenizer, decoder_start_token_id=model.config.decoder_start_token_id)
+    compute_metrics = None
+    if training_args.predict_with_generate:
+        from .evaluation import make_compute_metrics
+
+        compute_metrics = make_compute_metrics(tokenizer, data_args.target_lang)
+    trainer = VaswaniSeq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized.get("train"),
+        eval_dataset=tokenized.get("validation"),
+        data_collator=collator,
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+        callbacks=callbacks,
+        max_tokens_per_batch=max_tokens,
+    )
+    result: dict[str, Any] = {}
+    if training_args.do_train:
+        if "train" not in tokenized:
+            raise ValueError("do_train needs a train split (--train_file, --dataset_name or --synthetic_task).")
+        trainer.train(resume_from_checkpoint=resume)
+        trainer.save_model()
+        trainer.save_state()
+        result["summary"] = trainer.training_summary()
+        if trainer.is_world_process_zero():
+            print("Training summary:\n" + format_summary(result["summary"]), flush=True)
+    if data_args.average_last_checkpoints > 0 and trainer.is_world_process_zero():
+        averaged = _average_checkpoints(training_args.output_dir, data_args.average_last_checkpoints)
+        if averaged is not None:
+            result["averaged_model"] = averaged
+    training_args_sync(trainer)
+    if result.get("averaged_model") or (data_args.average_last_checkpoints > 0 and trainer.args.world_size > 1):
+        averaged_dir = os.path.join(training_args.output_dir, "averaged")
+        if os.path.isdir(averaged_dir):
+            from transformers import AutoModelForSeq2SeqLM
+
+            averaged_model = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)
+            trainer.model = trainer.model_wrapped = averaged_model.to(trainer.args.device)
+    if training_args.do_eval and "validation" in tokenized:
+        result["eval"] = trainer.evaluate(metric_key_prefix="eval")
+    if training_args.do_predict and "test" in tokenized:
+        output = trainer.predict(tokenized["test"], metric_key_prefix="test")
+        result["test"] = output.metrics
+        trainer.log_metrics("test", output.metrics)
+        trainer.save_metrics("test", output.metrics)
+        if trainer.is_world_process_zero() and training_args.predict_with_generate:
+            import numpy as np
+
+            preds = np.where(output.predictions < 0, tokenizer.pad_token_id, output.predictions)
+            hyps = tokenizer.batch_decode(preds, skip_special_tokens=True)
+            n = min(data_args.num_translation_examples, len(hyps))
+            pairs = raw["test"].select(range(n))["translation"]
+            result["examples"] = [
+                {"source": p[data_args.source_lang], "reference": p[data_args.target_lang], "hypothesis": h}
+                for p, h in zip(pairs, hyps[:n])
+            ]
+            Path(training_args.output_dir, "test_translations.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+            print(f"Test BLEU {output.metrics.get('test_bleu', float('nan')):.2f}; examples:", flush=True)
+            for ex in result["examples"]:
+                print(f"  src: {ex['source']}\n  ref: {ex['reference']}\n  hyp: {ex['hypothesis']}\n", flush=True)
+    if trainer.is_world_process_zero():
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        Path(training_args.output_dir, SUMMARY_NAME).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return result
+
+
+def training_args_sync(trainer: VaswaniSeq2SeqTrainer) -> None:
+    """Wait for every process (e.g. while rank 0 averages checkpoints)."""
+    trainer.accelerator.wait_for_everyone()
+
+
+def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[str, Any]:
+    """Entry point of ``scripts/train.py``."""
+    model_args, data_args, training_args = parse_arguments(argv)
+    return run_training(model_args, data_args, training_args, callbacks=callbacks)
+
+
+__all__ = [
+    "DataTrainingArguments",
+    "ModelArguments",
+    "NonFiniteLossError",
+    "SaveEveryMinutesCallback",
+    "VaswaniSeq2SeqTrainer",
+    "VaswaniTrainingArguments",
+    "build_optimizer",
+    "find_last_complete_checkpoint",
+    "gradient_accumulation_for",
+    "is_complete_checkpoint",
+    "load_recipe",
+    "main",
+    "paper_learning_rate",
+    "paper_lr_scheduler",
+    "parse_arguments",
+    "parse_config_overrides",
+    "run_training",
+]

@@ -310,6 +310,9 @@ def test_an_explicit_length_overrides_the_rule_and_trainer_kwargs_are_honoured()
     # What Seq2SeqTrainer passes: max_length, num_beams, synced_gpus.
     greedy = model.generate(**inputs, max_length=8, num_beams=1, synced_gpus=False)
     assert torch.equal(greedy, GenerationMixin.generate(model, **inputs, max_length=8, num_beams=1))
+    # Seq2SeqTrainer(predict_with_generate=True) also passes the labels: generation ignores them, as transformers does.
+    labels = torch.randint(4, VOCAB, (3, 7))
+    assert torch.equal(model.generate(**inputs, labels=labels), model.generate(**inputs))
     # A max_length set in the model's generation config (Seq2SeqTrainer fills in 20) does not beat the rule...
     model.generation_config.max_length = 20
     assert model.generate(**inputs, suppress_tokens=[EOS]).shape == (3, 1 + 9 + 50)

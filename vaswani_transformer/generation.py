@@ -268,6 +268,7 @@ def paper_beam_search(
     layout) and `beam_indices`. Finished sentences leave the batch (their cache rows are dropped), unless
     `synced_gpus` or a non-dynamic cache keeps the batch whole.
     """
+    model_kwargs.pop("labels", None)  # Seq2SeqTrainer passes them; generation does not use them (as in transformers)
     unsupported = set(model_kwargs) - _SUPPORTED_MODEL_KWARGS
     if generation_config.output_attentions or generation_config.output_hidden_states:
         unsupported |= {"output_attentions/output_hidden_states"}

@@ -1,0 +1,241 @@
+"""Training: the paper's schedule and optimizer, recipes, the real script end to end, faults and resume after SIGKILL."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
+from vaswani_transformer.training import (
+    NonFiniteLossError,
+    VaswaniSeq2SeqTrainer,
+    VaswaniTrainingArguments,
+    find_last_complete_checkpoint,
+    gradient_accumulation_for,
+    load_recipe,
+    main,
+    parse_arguments,
+    parse_config_overrides,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "train.py"
+TINY_MODEL = "d_model=32,d_ff=64,num_heads=2,encoder_layers=1,decoder_layers=1,dropout=0.1"
+
+
+def write_fixture(folder: Path, n_train: int = 400, n_valid: int = 12, seed: int = 0) -> Path:
+    """Side-by-side text files folder/{train,valid}.{src,tgt}: toy words -> the same words reversed, upper-cased."""
+    rng = random.Random(seed)
+    words = [c + v for c in "bdgkmnpst" for v in "aeiou"]
+    seen, pairs = set(), []
+    while len(pairs) < n_train + n_valid:
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(2, 6)))
+        if sentence not in seen:
+            seen.add(sentence)
+            pairs.append((sentence, " ".join(reversed(sentence.upper().split()))))
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, part in (("train", pairs[:n_train]), ("valid", pairs[n_train:])):
+        (folder / f"{name}.src").write_text("".join(s + "\n" for s, _ in part), encoding="utf-8")
+        (folder / f"{name}.tgt").write_text("".join(t + "\n" for _, t in part), encoding="utf-8")
+    return folder
+
+
+def tiny_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--train_file", str(data / "train"), "--validation_file", str(data / "valid"),
+        "--source_lang", "src", "--target_lang", "tgt", "--output_dir", str(out),
+        "--do_train", "--config_overrides", TINY_MODEL, "--tokenizer_vocab_size", "300",
+        "--max_tokens_per_batch", "160", "--warmup_steps", "10", "--lr_factor", "3",
+        "--logging_steps", "1", "--use_cpu", "--report_to", "none", "--seed", "3", "--disable_tqdm", "true",
+        *extra,
+    ]  # fmt: skip
+
+
+def run_script(args: list[str], timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env, **kwargs
+    )
+
+
+def losses(state_file: Path) -> dict[int, float]:
+    history = json.loads(state_file.read_text())["log_history"]
+    return {h["step"]: h["loss"] for h in history if "loss" in h}
+
+
+def tiny_model() -> VaswaniTransformerForConditionalGeneration:
+    torch.manual_seed(0)
+    return VaswaniTransformerForConditionalGeneration(
+        VaswaniTransformerConfig(vocab_size=50, d_model=32, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1)
+    )
+
+
+# ------------------------------------------------------------------------------ schedule and optimizer
+
+
+def test_paper_optimizer_and_schedule_against_the_formula(tmp_path):
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), warmup_steps=10, lr_factor=2.0, use_cpu=True,
+                                    report_to="none")  # fmt: skip
+    assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.98, 1e-9)
+    assert args.weight_decay == 0 and args.label_smoothing_factor == 0.1 and args.max_grad_norm == 0
+    assert VaswaniTrainingArguments(output_dir=str(tmp_path), report_to="none").warmup_steps == 4000
+    trainer = VaswaniSeq2SeqTrainer(model=tiny_model(), args=args)
+    trainer.create_optimizer_and_scheduler(num_training_steps=100)
+    opt = trainer.optimizer
+    assert type(opt) is torch.optim.Adam
+    for group in opt.param_groups:
+        assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9 and group["weight_decay"] == 0.0
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(trainer.model.parameters()))
+
+    def formula(n):  # paper eq. (3) with step_num = n, times the factor
+        return 2.0 * 32 ** -0.5 * min(n ** -0.5, n * 10 ** -1.5)
+
+    seen = {}
+    for n in range(1, 61):  # the rate the n-th update uses, then step as the Trainer does
+        seen[n] = opt.param_groups[0]["lr"]
+        opt.step()
+        trainer.lr_scheduler.step()
+    for n in (1, 2, 5, 9, 10, 11, 30, 60):
+        assert seen[n] == pytest.approx(formula(n), rel=1e-12), n
+    assert max(seen, key=seen.get) == 10  # peak at the end of warmup
+
+
+def test_gradient_accumulation_from_tokens_per_update():
+    assert gradient_accumulation_for(25000, 25000, 1) == 1
+    assert gradient_accumulation_for(25000, 3125, 8) == 1  # the paper: 8 GPUs
+    assert gradient_accumulation_for(25000, 3125, 1) == 8
+    assert gradient_accumulation_for(25000, 4096, 2) == 3
+    assert gradient_accumulation_for(1000, 4096, 2) == 1
+    with pytest.raises(ValueError, match="must be positive"):
+        gradient_accumulation_for(0, 4096, 1)
+
+
+# ------------------------------------------------------------------------------------------ recipes
+
+
+def test_recipe_files_and_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("output_dir: out\nmax_steps: 7\nconfig_overrides: {d_model: 64, dropout: 0.3}\nsource_lang: en\n")
+    model_args, data_args, training_args = parse_arguments([str(recipe), "--max_steps", "9"])
+    assert training_args.max_steps == 9  # the command line wins
+    assert training_args.output_dir == "out" and data_args.source_lang == "en"
+    assert parse_config_overrides(model_args.config_overrides) == {"d_model": 64, "dropout": 0.3}
+    (tmp_path / "r.json").write_text(json.dumps({"output_dir": "o2", "tokens_per_update": 25000}))
+    assert parse_arguments([str(tmp_path / "r.json")])[1].tokens_per_update == 25000
+
+
+def test_unknown_recipe_key_lists_valid_ones(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("output_dir: o\nmax_tokens_per_bach: 10\n")
+    with pytest.raises(ValueError) as err:
+        load_recipe(recipe)
+    message = str(err.value)
+    assert "bad.yaml" in message and "max_tokens_per_bach" in message and "'max_tokens_per_batch'" in message
+    assert "Valid keys:" in message and "warmup_steps" in message and "preset" in message
+
+
+def test_unknown_preset_and_config_field(tmp_path):
+    data = write_fixture(tmp_path / "data", n_train=20)
+    with pytest.raises(ValueError, match="Unknown preset 'huge'.*Valid presets: base, big"):
+        main(tiny_args(data, tmp_path / "out", "--preset", "huge"))
+    with pytest.raises(ValueError, match=r"unknown config field\(s\) \['d_modle'\].*Valid fields:.*d_model"):
+        parse_config_overrides("d_modle=3")
+
+
+def test_tokenizer_config_mismatch_fails_before_training(tmp_path):
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="Tokenizer and model config disagree.*vocab_size=100"):
+        main(tiny_args(data, out, "--config_overrides", TINY_MODEL + ",vocab_size=100", "--max_steps", "2"))
+    assert not list(out.glob("checkpoint-*")) and not (out / "trainer_state.json").exists()
+
+
+# ---------------------------------------------------------------------------------------- end to end
+
+
+def test_train_script_loss_falls_and_evaluates(tmp_path):
+    data = write_fixture(tmp_path / "data")
+    out = tmp_path / "out"
+    result = run_script(tiny_args(data, out, "--max_steps", "40", "--save_steps", "20", "--save_total_limit", "2",
+                                  "--do_predict", "--test_file", str(data / "valid"), "--generation_num_beams", "2",
+                                  "--average_last_checkpoints", "2", "--num_translation_examples", "2"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    curve = losses(out / "trainer_state.json")
+    assert sorted(curve) == list(range(1, 41))
+    first, last = sum(curve[s] for s in range(1, 6)) / 5, sum(curve[s] for s in range(36, 41)) / 5
+    assert last < first - 1.0, curve
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["summary"]["updates"] == 40 and summary["summary"]["target_tokens_seen"] > 40 * 20
+    assert "test_bleu" in summary["test"] and len(summary["examples"]) == 2
+    assert (out / "averaged" / "model.safetensors").is_file()
+    assert "Training summary" in result.stdout and "Test BLEU" in result.stdout
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-40"]
+
+
+class _PoisonWeights(TrainerCallback):
+    """Fault injection: make the weights NaN just before update `at + 1` (after checkpoint `at` was saved)."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.at:
+            with torch.no_grad():
+                next(model.parameters()).fill_(float("nan"))
+
+
+def test_nan_loss_stops_naming_the_update_and_keeps_last_checkpoint(tmp_path):
+    data = write_fixture(tmp_path / "data", n_train=100)
+    out = tmp_path / "out"
+    with pytest.raises(NonFiniteLossError, match="at update 5"):
+        main(tiny_args(data, out, "--max_steps", "10", "--save_steps", "2"), callbacks=[_PoisonWeights(4)])
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert find_last_complete_checkpoint(out) == str(out / "checkpoint-4")
+    weights = load_file(out / "checkpoint-4" / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
+    data = write_fixture(tmp_path / "data")
+    common = ["--max_steps", "40", "--save_steps", "5", "--save_total_limit", "3"]
+    reference = run_script(tiny_args(data, tmp_path / "ref", *common))
+    assert reference.returncode == 0, reference.stderr[-4000:]
+    expected = losses(tmp_path / "ref" / "trainer_state.json")
+
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), *tiny_args(data, out, *common)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + 240
+    while find_last_complete_checkpoint(out, quarantine=False) is None or not (out / "checkpoint-10").is_dir():
+        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be killed"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "checkpoint-40").exists(), "killed too late to test resuming"
+    last = find_last_complete_checkpoint(out, quarantine=False)
+    step = int(last.rsplit("-", 1)[1])
+    # A checkpoint the kill left half-written: only the weights, no trainer state.
+    half = out / f"checkpoint-{step + 5}"
+    if not half.exists():
+        half.mkdir()
+        (half / "model.safetensors").write_bytes(b"\0" * 10)
+
+    resumed = run_script(tiny_args(data, out, *common, "--resume_from_checkpoint", "latest"))
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert (out / f"incomplete-checkpoint-{step + 5}").is_dir()
+    assert f"checkpoint-{step + 5} is incomplete" in resumed.stderr
+    got = losses(out / "trainer_state.json")
+    assert sorted(got) == sorted(expected) == list(range(1, 41))
+    for s in range(1, 41):
+        assert got[s] == pytest.approx(expected[s], abs=1e-6), (s, got[s], expected[s])

@@ -158,6 +158,10 @@ def test_matches_an_independent_reference_beam_search(seed, eos_bias, alpha, max
             torch.tensor([score for score, _ in expected], dtype=torch.float64),
         )
     assert width == 1 + longest
+    # One hypothesis per sentence stops earlier (when nothing can beat the best) and is still the reference's best.
+    best = model.generate(**inputs, length_penalty=alpha, max_len_b=max_len_b, return_dict_in_generate=True)
+    assert torch.equal(best.sequences, output.sequences[::4, : best.sequences.shape[1]])
+    assert (output.sequences[::4, best.sequences.shape[1] :] == PAD).all()
 
 
 def test_reference_cases_include_early_ends_and_the_length_limit():

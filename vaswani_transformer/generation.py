@@ -254,10 +254,12 @@ def paper_beam_search(
       others are the running beams of the next step. A sentence keeps its num_beams best finished hypotheses.
     - Maximum length per sentence: `paper_sentence_max_new_tokens` (max_len_a * source length + max_len_b), or
       `generation_config.max_length` minus P when the caller gave a length.
-    - Early stop: a sentence stops when it has num_beams finished hypotheses and no running beam can beat the worst
-      of them at any length it can still reach (running log P / lp(length), maximised over the reachable lengths,
-      is at most the worst finished score). Log-probabilities only decrease, so this is exact: the result is that of
-      the search run to the maximum length (`early_stopping` is therefore not consulted). The bound is dropped if a
+    - Early stop: a sentence stops when it has `num_return_sequences` finished hypotheses and no running beam can
+      beat the worst of them at any length it can still reach (the best running log P / lp(length), maximised over
+      the reachable lengths, is at most that finished score). Log-probabilities only decrease, so this is exact:
+      the hypotheses returned are those of the search run to the maximum length (`early_stopping` is therefore not
+      consulted). With one returned hypothesis this is the paper's (tensor2tensor's) rule: stop when the best
+      finished hypothesis beats the best running one scored at the maximum length. The bound is dropped if a
       logits processor ever makes a score positive.
 
     Returns what transformers' beam search returns: the best `num_return_sequences` hypotheses per sentence, best
@@ -442,7 +444,7 @@ def paper_beam_search(
             next_length = gnmt_length_penalty(torch.full_like(best_running, generated + 1), alpha)
             last_length = gnmt_length_penalty(limit.to(score_dtype), alpha)
             bound = torch.maximum(best_running / next_length, best_running / last_length)
-            worst_kept = finished_scores[active, num_beams - 1]
+            worst_kept = finished_scores[active, num_return_sequences - 1]
             now_done |= ~torch.isneginf(worst_kept) & (bound <= worst_kept)
         done[active] = is_done | now_done
 

@@ -26,7 +26,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 import argparse  # noqa: E402
 import json  # noqa: E402
 
-from vaswani_transformer.data import resolve_text_pair  # noqa: E402
+from vaswani_transformer.data import check_parallel_text_files, resolve_text_pair  # noqa: E402
 from vaswani_transformer.evaluation import evaluate_model, evaluation_report, read_lines  # noqa: E402
 
 
@@ -93,11 +93,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         if args.hypotheses:
+            check_parallel_text_files(args.hypotheses, args.reference)  # error naming both files and counts
             hypotheses, references = read_lines(args.hypotheses), read_lines(args.reference)
-            if len(hypotheses) != len(references):
-                raise ValueError(
-                    f"{args.hypotheses} has {len(hypotheses)} lines but {args.reference} has {len(references)}."
-                )
             report = evaluation_report(
                 hypotheses, references, source_lang=args.source_lang, target_lang=args.target_lang,
                 tokenize=args.tokenize, output_json=args.output_json, hypotheses_file=args.hypotheses,

@@ -264,12 +264,14 @@ def test_generate_translate_lines_batches_in_input_order_with_the_models_decodin
 
 
 def test_evaluate_model_from_dataset(model_dir):
-    from datasets import Dataset
+    from datasets import Dataset, DatasetDict
 
     pairs = zip(["Quelle eins", "Quelle zwei"], REFERENCES)
     data = Dataset.from_dict({"translation": [{"xx": s, "de": r} for s, r in pairs]})
     report = evaluate_model(model_dir, dataset=data, source_lang="xx", target_lang="de", translate_fn=copy_references)
     assert report["sacrebleu"] == pytest.approx(100.0) and report["num_sentences"] == 2
+    with pytest.raises(ValueError, match=r"splits \['test'\]; pass one split"):
+        evaluate_model(model_dir, dataset=DatasetDict(test=data), source_lang="xx", target_lang="de")
     with pytest.raises(ValueError, match="Dataset row 0 has no 'fr' text"):
         evaluate_model(model_dir, dataset=data, source_lang="xx", target_lang="fr", translate_fn=copy_references)
 
@@ -340,6 +342,8 @@ def test_cli_reports_bad_input_as_an_error(model_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         script.main(["--model", str(model_dir), "--reference", str(tmp_path / "ref.de")])
     assert "--model needs --source" in capsys.readouterr().err
+    assert script.main(["--hypotheses", str(tmp_path / "test.en"), "--reference", str(tmp_path / "ref.de")]) == 1
+    assert "test.en has 2 lines, " in capsys.readouterr().err
     with pytest.raises(SystemExit):
         script.main(["--hypotheses", "h", "--reference", "r", "--decoding", "beam"])
     assert "--decoding expects KEY=VALUE" in capsys.readouterr().err

@@ -155,6 +155,8 @@ def _as_lines(value, what: str) -> tuple[list[str], str | None]:
 
 def _from_dataset(dataset, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
     """Sources and references from a `datasets.Dataset` in the `{"translation": {lang: text}}` form."""
+    if isinstance(dataset, dict):  # DatasetDict
+        raise ValueError(f"Got a dataset with splits {sorted(dataset)}; pass one split, e.g. dataset['test'].")
     if "translation" not in dataset.column_names:
         raise ValueError(
             f"The dataset has columns {dataset.column_names}; expected a 'translation' column of "

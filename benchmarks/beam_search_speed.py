@@ -98,13 +98,16 @@ def marian_with_the_same_weights(ours: VaswaniTransformerForConditionalGeneratio
     return marian
 
 
-def timed(generate, inputs, repeats: int) -> float:
-    generate(**inputs)  # warm-up
-    best = float("inf")
+def timed(runs: dict, inputs, repeats: int) -> dict:
+    """Best wall time of each run; the runs take turns, so that load from other processes hits all of them alike."""
+    for run in runs.values():
+        run(**inputs)  # warm-up
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeats):
-        started = time.perf_counter()
-        generate(**inputs)
-        best = min(best, time.perf_counter() - started)
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run(**inputs)
+            best[name] = min(best[name], time.perf_counter() - started)
     return best
 
 
@@ -161,7 +164,7 @@ def main():
                 **x, **common, **hf_length, early_stopping="never"
             ),
         }
-        seconds = {name: timed(run, inputs, args.repeats) for name, run in runs.items()}
+        seconds = timed(runs, inputs, args.repeats)
         # Same weights, same loop: the comparison is of like with like.
         same = torch.equal(runs["ours, transformers' beam search"](**inputs), runs["MarianMTModel, early_stopping=True"](**inputs))
         print(f"{scenario}: ours with transformers' beam search == MarianMTModel's output: {same}")

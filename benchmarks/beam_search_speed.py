@@ -166,11 +166,12 @@ def main():
         }
         seconds = timed(runs, inputs, args.repeats)
         # Same weights, same loop: the comparison is of like with like.
-        same = torch.equal(runs["ours, transformers' beam search"](**inputs), runs["MarianMTModel, early_stopping=True"](**inputs))
+        ours_hf, marian_hf = runs["ours, transformers' beam search"], runs["MarianMTModel, early_stopping=True"]
+        same = torch.equal(ours_hf(**inputs), marian_hf(**inputs))
         print(f"{scenario}: ours with transformers' beam search == MarianMTModel's output: {same}")
         if scenario == "natural":
             lengths = (runs["ours, paper beam search"](**inputs)[:, 1:] != 0).sum(-1).float()
-            print(f"natural: output lengths of the paper beam search: mean {lengths.mean():.1f}, max {lengths.max():.0f}")
+            print(f"natural: paper beam search output lengths: mean {lengths.mean():.1f}, max {lengths.max():.0f}")
         baseline = seconds["MarianMTModel, early_stopping=True"]
         for name, s in seconds.items():
             rows.append([scenario, name, f"{s:.3f}", f"{args.batch_size / s:.1f}", f"{baseline / s:.2f}x"])

@@ -177,7 +177,7 @@ class VaswaniGenerationMixin(GenerationMixin):
             and effective_config.get_generation_mode(assistant_model) == GenerationMode.BEAM_SEARCH
         ):
             if streamer is not None:  # as transformers' beam search
-                raise ValueError("`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set to 1.")
+                raise ValueError("`streamer` cannot be used with beam search: set `num_beams=1`.")
             if synced_gpus is None:
                 synced_gpus = _default_synced_gpus(self)
             custom_generate = functools.partial(
@@ -207,12 +207,9 @@ def _default_synced_gpus(model) -> bool:
         return False
     if torch.distributed.get_world_size() <= 1:
         return False
+    from transformers.distributed.fsdp import is_fsdp_managed_module
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
-    try:
-        from transformers.distributed.fsdp import is_fsdp_managed_module
-    except ImportError:  # pragma: no cover - older layouts
-        from transformers.integrations.fsdp import is_fsdp_managed_module
     return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
 
 

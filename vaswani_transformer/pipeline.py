@@ -1,0 +1,307 @@
+"""`pipeline("translation")` for the Transformer of "Attention Is All You Need", on transformers 5.
+
+transformers 5 removed its `translation` pipeline (`pipeline("translation")` raises "The task translation has been
+removed from transformers"). This module brings it back for our models in two ways:
+
+(a) **Remote code.** An exported repository (see `vaswani_transformer.hub`) carries this file as `pipeline.py` and, in
+    `config.json`, `custom_pipelines = {"translation": {"impl": "pipeline.TranslationPipeline", "pt":
+    ["AutoModelForSeq2SeqLM"]}, ...}`. transformers' `pipeline()` resolves a task listed in the model's
+    `custom_pipelines` before its removed-task check, so `pipeline("translation", model=repo_or_folder,
+    trust_remote_code=True)` works where only transformers is installed. This file therefore imports only torch and
+    transformers, and importing it changes nothing in transformers.
+
+(b) **The installed package.** `register_translation_pipeline()` (called by `import vaswani_transformer`) is the one
+    place where this project touches transformers' globals (see its docstring): afterwards `pipeline("translation",
+    model=...)` and `pipeline("translation_en_to_de", model=...)` work for our models without `trust_remote_code`,
+    and every other call of `pipeline()` behaves exactly as before.
+
+The pipeline decodes with the model's generation config - for our models the paper's beam search (beam 4, GNMT length
+penalty alpha 0.6, at most source length + 50 tokens) - so it returns exactly what `model.generate(**inputs)` followed
+by `tokenizer.batch_decode(..., skip_special_tokens=True)` returns, batched (`batch_size=`) or not.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+
+import torch
+from transformers import Pipeline
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+MODEL_TYPE = "vaswani_transformer"
+TRANSLATION_TASK_PATTERN = re.compile(r"translation(?:_(?P<src>[^_]+)_to_(?P<tgt>[^_]+))?")
+# The task name under which `register_translation_pipeline` adds `TranslationPipeline` to transformers' registry.
+# Only our `pipeline` wrapper uses it; "translation" itself stays a removed task for every other model.
+REGISTERED_TASK = "vaswani-translation"
+
+
+# ------------------------------------------------------------------------------------------- source lengths
+
+
+def source_length_limit(config, max_source_length: int | None = None) -> int | None:
+    """Most source tokens (`</s>` included) the model accepts: the smaller of `max_source_length` (a user limit) and,
+    for learned positional embeddings, `config.max_position_embeddings`; None when there is no limit (sinusoids)."""
+    limits = []
+    if max_source_length is not None:
+        if max_source_length < 1:
+            raise ValueError(f"max_source_length must be at least 1 (the </s> token), got {max_source_length}.")
+        limits.append(int(max_source_length))
+    if getattr(config, "position_encoding", None) == "learned":
+        limits.append(int(config.max_position_embeddings))
+    return min(limits) if limits else None
+
+
+def truncate_source(ids: list[int], limit: int | None, eos_token_id: int | None) -> list[int]:
+    """`ids` cut to `limit` tokens, keeping the final `</s>` (the model learned that a source ends with it)."""
+    if limit is None or len(ids) <= limit:
+        return ids
+    if eos_token_id is not None and ids and ids[-1] == eos_token_id:
+        return ids[: limit - 1] + [eos_token_id]
+    return ids[:limit]
+
+
+def parse_translation_task(task: str | None) -> tuple[str | None, str | None] | None:
+    """(src_lang, tgt_lang) for "translation" ((None, None)) or "translation_XX_to_YY"; None for any other task."""
+    if not isinstance(task, str):
+        return None
+    match = TRANSLATION_TASK_PATTERN.fullmatch(task)
+    return (match["src"], match["tgt"]) if match else None
+
+
+def model_language_pair(config) -> tuple[str, str] | None:
+    """The language pair an exported model records in its `custom_pipelines` ("translation_XX_to_YY"), if any."""
+    for task in getattr(config, "custom_pipelines", None) or {}:
+        pair = parse_translation_task(task)
+        if pair and pair[0]:
+            return pair
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ pipeline
+
+
+class TranslationPipeline(Pipeline):
+    """Translate text with a sequence-to-sequence model (`model.generate` + `tokenizer.batch_decode`).
+
+    Call with a string, a list of strings, a `datasets.Dataset` (rows in the `{"translation": {lang: text}}` form,
+    read with the task's source language, or with one text column) or a `KeyDataset`. Returns, per input, a list
+    of `num_return_sequences` dicts `{"translation_text": ...}`; for a string or a list of strings with one return
+    sequence each, the dict itself (as transformers 4's translation pipeline did).
+
+    Parameters (at construction or per call): `max_source_length` (truncate longer sources, keeping `</s>`, with a
+    warning; learned-position models are always limited to `max_position_embeddings`), `strict` (raise instead of
+    truncating), `src_lang`/`tgt_lang` (default: from the task name "translation_XX_to_YY"), and any generation
+    parameter (`num_beams`, `length_penalty`, `length_penalty_type`, `max_len_a`, `max_len_b`, `max_new_tokens`,
+    `num_return_sequences`, ...), which `generate` receives on top of the model's generation config.
+
+    An empty or whitespace-only source translates to "" (it is not sent through the model's output).
+    """
+
+    _pipeline_calls_generate = True
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_video_processor = False
+    _load_tokenizer = True
+
+    # Generation fields of our models that `GenerationConfig()` does not know (so the base class does not collect them).
+    _CUSTOM_GENERATION_FIELDS = ("length_penalty_type", "max_len_a", "max_len_b")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.tokenizer is None:
+            raise ValueError("TranslationPipeline needs a tokenizer (none was given or found next to the model).")
+        if not getattr(self.model.config, "is_encoder_decoder", False):
+            raise ValueError(
+                f"TranslationPipeline needs an encoder-decoder model; got {type(self.model).__name__}. "
+                "For decoder-only chat models use the `text-generation` pipeline."
+            )
+
+    def _sanitize_parameters(
+        self, max_source_length=None, strict=None, src_lang=None, tgt_lang=None, return_tensors=None, **kwargs
+    ):
+        preprocess_params = {}
+        if max_source_length is not None:
+            preprocess_params["max_source_length"] = max_source_length
+        if strict is not None:
+            preprocess_params["strict"] = strict
+        task_pair = parse_translation_task(self.task) or (None, None)
+        src_lang = src_lang or task_pair[0]
+        if src_lang is not None:
+            preprocess_params["src_lang"] = src_lang
+        forward_params = dict(kwargs)
+        postprocess_params = {}
+        if return_tensors is not None:
+            postprocess_params["return_tensors"] = return_tensors
+        return preprocess_params, forward_params, postprocess_params
+
+    def __call__(self, inputs, *args, **kwargs):
+        result = super().__call__(inputs, *args, **kwargs)
+        if isinstance(inputs, list) and all(isinstance(x, str) for x in inputs) and all(len(r) == 1 for r in result):
+            return [r[0] for r in result]
+        return result
+
+    def _text_of(self, inputs, src_lang):
+        if isinstance(inputs, str):
+            return inputs
+        if isinstance(inputs, dict):
+            if "translation" in inputs and isinstance(inputs["translation"], dict):
+                pair = inputs["translation"]
+                if src_lang is None or src_lang not in pair:
+                    raise ValueError(
+                        f"A translation example with languages {sorted(pair)} needs the source language: use the task "
+                        "'translation_XX_to_YY' or pass src_lang=..."
+                    )
+                return pair[src_lang]
+            texts = [v for v in inputs.values() if isinstance(v, str)]
+            if len(texts) == 1:
+                return texts[0]
+            raise ValueError(
+                f"Cannot tell which field of {sorted(inputs)} is the source text; pass a KeyDataset(dataset, column) "
+                "or rows in the {'translation': {lang: text}} form."
+            )
+        raise TypeError(f"TranslationPipeline translates strings; got {type(inputs).__name__}.")
+
+    def preprocess(self, inputs, max_source_length=None, strict=False, src_lang=None):
+        text = self._text_of(inputs, src_lang)
+        empty = not text.strip()
+        ids = self.tokenizer(text if not empty else "", add_special_tokens=True)["input_ids"]
+        limit = source_length_limit(self.model.config, max_source_length)
+        if limit is not None and len(ids) > limit:
+            where = f"a source of {len(ids)} tokens (starting {text[:40]!r})"
+            if strict:
+                raise ValueError(f"{where} is longer than the limit of {limit} tokens (strict mode).")
+            logger.warning(f"Truncating {where} to {limit} tokens.")
+            ids = truncate_source(ids, limit, self.tokenizer.eos_token_id)
+        return {
+            "input_ids": torch.tensor([ids], dtype=torch.long),
+            "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+            "is_empty": torch.tensor([empty]),
+        }
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        is_empty = model_inputs.pop("is_empty")
+        batch_size = model_inputs["input_ids"].shape[0]
+        custom = {k: generate_kwargs.pop(k) for k in self._CUSTOM_GENERATION_FIELDS if k in generate_kwargs}
+        generate_kwargs = {**self._prepare_generate_kwargs(generate_kwargs), **custom}
+        if bool(is_empty.all()):
+            output_ids = torch.full((batch_size, 1), self.tokenizer.pad_token_id, dtype=torch.long)
+            num_return = generate_kwargs.get("num_return_sequences") or 1
+            output_ids = output_ids.repeat_interleave(num_return, dim=0)
+        else:
+            output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        output_ids = output_ids.reshape(batch_size, -1, output_ids.shape[-1])
+        return {"output_ids": output_ids, "is_empty": is_empty}
+
+    def postprocess(self, model_outputs, return_tensors=False):
+        output_ids = model_outputs["output_ids"][0]
+        empty = bool(model_outputs["is_empty"].reshape(-1)[0])
+        if return_tensors:
+            return [{"translation_token_ids": ids} for ids in output_ids]
+        texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
+        return [{"translation_text": "" if empty else text} for text in texts]
+
+
+# ------------------------------------------------------------------- registration with transformers' pipeline()
+
+
+def _is_vaswani_model(model, config, hub_kwargs: dict) -> bool:
+    """Whether `pipeline(model=..., config=...)` refers to one of our models. Reads only `config.json`; any failure to
+    read it means "no" (transformers' `pipeline` then does what it always does, including raising its own error)."""
+    for candidate in (config, model):
+        if candidate is None:
+            continue
+        if not isinstance(candidate, (str, os.PathLike)):
+            candidate_config = getattr(candidate, "config", candidate)
+            return getattr(candidate_config, "model_type", None) == MODEL_TYPE
+        path = os.fspath(candidate)
+        try:
+            if os.path.isdir(path):
+                with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+                    config_dict = json.load(f)
+            else:
+                from transformers import PreTrainedConfig
+
+                keys = ("revision", "token", "cache_dir", "local_files_only", "subfolder")
+                config_dict, _ = PreTrainedConfig.get_config_dict(path, **{k: hub_kwargs[k] for k in keys if k in hub_kwargs})
+        except (OSError, ValueError):
+            return False
+        return config_dict.get("model_type") == MODEL_TYPE
+    return False
+
+
+def _translation_pipeline_factory(original):
+    @functools.wraps(original)
+    def pipeline(task=None, model=None, config=None, *args, **kwargs):
+        pair = parse_translation_task(task)
+        if pair is None or kwargs.get("pipeline_class") is not None or not _is_vaswani_model(model, config, kwargs):
+            return original(task, model, config, *args, **kwargs)
+        pipe = original(REGISTERED_TASK, model, config, *args, pipeline_class=TranslationPipeline, **kwargs)
+        recorded = model_language_pair(pipe.model.config)
+        if pair[0] is not None and recorded is not None and tuple(pair) != recorded:
+            raise ValueError(
+                f"Task {task!r} asks for {pair[0]}->{pair[1]}, but this model translates {recorded[0]}->{recorded[1]} "
+                f"(use 'translation' or 'translation_{recorded[0]}_to_{recorded[1]}')."
+            )
+        pipe.task = task
+        # Parameters derived from the task name (the source language of dataset rows) are set at construction.
+        pipe._preprocess_params, pipe._forward_params, pipe._postprocess_params = pipe._sanitize_parameters(
+            **_init_pipeline_params(kwargs)
+        )
+        return pipe
+
+    pipeline.__vaswani_wrapped__ = original
+    return pipeline
+
+
+def _init_pipeline_params(kwargs: dict) -> dict:
+    known = ("max_source_length", "strict", "src_lang", "tgt_lang", "return_tensors", *TranslationPipeline._CUSTOM_GENERATION_FIELDS)
+    return {k: kwargs[k] for k in known if k in kwargs}
+
+
+def register_translation_pipeline() -> None:
+    """Make `pipeline("translation"|"translation_XX_to_YY", model=<one of our models>)` work (idempotent).
+
+    This is the only place where the project touches transformers' globals, and it changes nothing for other models:
+
+    1. `PIPELINE_REGISTRY.register_pipeline("vaswani-translation", TranslationPipeline, AutoModelForSeq2SeqLM)`: a new
+       task name of our own (transformers' "translation" stays removed).
+    2. `transformers.pipeline` (and `transformers.pipelines.pipeline`) become a thin wrapper: when the task is
+       "translation" or "translation_XX_to_YY" and the model (a model object, a folder or a Hub id, judged by the
+       `model_type` in its `config.json`) is a `vaswani_transformer`, it calls transformers' `pipeline` with the task
+       "vaswani-translation" and `pipeline_class=TranslationPipeline`; every other call goes to transformers'
+       `pipeline` unchanged, with the same arguments.
+
+    Limitation: a `pipeline` function imported from transformers *before* `import vaswani_transformer` (e.g. `from
+    transformers import pipeline` first) is transformers' own; import this package first, or use
+    `trust_remote_code=True` with an exported repository, or pass `pipeline_class=TranslationPipeline`.
+    """
+    import transformers
+    import transformers.pipelines as pipelines_module
+    from transformers import AutoModelForSeq2SeqLM
+
+    if REGISTERED_TASK not in pipelines_module.PIPELINE_REGISTRY.supported_tasks:
+        pipelines_module.PIPELINE_REGISTRY.register_pipeline(
+            REGISTERED_TASK, pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+        )
+    current = pipelines_module.pipeline
+    if getattr(current, "__vaswani_wrapped__", None) is None:
+        wrapped = _translation_pipeline_factory(current)
+        pipelines_module.pipeline = wrapped
+        transformers.pipeline = wrapped  # the lazy module caches the attribute once it was looked up
+
+
+__all__ = [
+    "TranslationPipeline",
+    "model_language_pair",
+    "parse_translation_task",
+    "register_translation_pipeline",
+    "source_length_limit",
+    "truncate_source",
+]

@@ -49,15 +49,16 @@ def gnmt(length: int, alpha: float) -> float:
 
 
 @torch.no_grad()
-def reference_beam_search(model, source: torch.Tensor, num_beams: int, alpha: float, max_new_tokens: int):
+def reference_beam_search(model, source, num_beams: int, alpha: float, max_new_tokens: int, prompt=(BOS,)):
     """Plain beam search for one unpadded sentence: full forward each step, no cache, Python lists.
 
     Same definitions as `paper_beam_search`: each step the 2 * num_beams best continuations (by log P) are taken;
     those among the first num_beams that end with </s> or reach max_new_tokens are finished with score
     log P / ((5 + |Y|) / 6) ** alpha, |Y| = generated tokens including </s>; the best num_beams others continue.
-    Runs to the maximum length (no early stop). Returns [(score, tokens after <s>)] best first.
+    Runs to the maximum length (no early stop). Returns [(score, tokens after <s>)] best first. A decoder `prompt`
+    is forced (not scored, not counted in |Y|).
     """
-    alive = [(0.0, [BOS])]
+    alive = [(0.0, list(prompt))]
     finished = []
     for step in range(1, max_new_tokens + 1):
         decoder_input_ids = torch.tensor([tokens for _, tokens in alive])
@@ -162,6 +163,20 @@ def test_matches_an_independent_reference_beam_search(seed, eos_bias, alpha, max
     best = model.generate(**inputs, length_penalty=alpha, max_len_b=max_len_b, return_dict_in_generate=True)
     assert torch.equal(best.sequences, output.sequences[::4, : best.sequences.shape[1]])
     assert (output.sequences[::4, best.sequences.shape[1] :] == PAD).all()
+
+
+def test_a_decoder_prompt_is_continued_and_not_counted():
+    model = tiny_model(2, eos_bias=1.5)
+    inputs = random_sources(13, lengths=(4,))
+    prompt = torch.tensor([[BOS, 17, 23]])
+    output = model.generate(
+        **inputs, decoder_input_ids=prompt, max_len_b=5, num_return_sequences=4, return_dict_in_generate=True,
+        output_scores=True,
+    )  # fmt: skip
+    expected = reference_beam_search(model, inputs["input_ids"][0], 4, 0.6, max_new_tokens=4 + 5, prompt=[BOS, 17, 23])
+    assert torch.equal(output.sequences, padded([tokens for _, tokens in expected], output.sequences.shape[1]))
+    expected_scores = torch.tensor([score for score, _ in expected], dtype=torch.float64)
+    torch.testing.assert_close(output.sequences_scores, expected_scores)
 
 
 def test_reference_cases_include_early_ends_and_the_length_limit():

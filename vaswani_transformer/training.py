@@ -602,11 +602,10 @@ def _load_tokenizer(model_args, data_args, training_args, raw):
     from .tokenization import train_tokenizer
 
     folder = os.path.join(training_args.output_dir, "tokenizer")
-    if os.path.isfile(os.path.join(folder, "tokenizer.json")):
-        logger.info("Using the tokenizer trained earlier in %s", folder)
-        return AutoTokenizer.from_pretrained(folder)
+    # Every process enters (and leaves) main_process_first exactly once: rank 0 trains, the others then load.
     with training_args.main_process_first(desc="training the tokenizer"):
         if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+            logger.info("Using the tokenizer trained earlier in %s", folder)
             return AutoTokenizer.from_pretrained(folder)
         if "train" not in raw:
             raise ValueError("No tokenizer given and no train split to train one on: pass --tokenizer_name.")
@@ -677,7 +676,8 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                     training_args.gradient_accumulation_steps)
     resume = _resolve_resume(training_args) if training_args.do_train else None
 
-    raw = _prepare_data(model_args, data_args, training_args)
+    with training_args.main_process_first(desc="preparing the data"):
+        raw = _prepare_data(model_args, data_args, training_args)
     tokenizer = _load_tokenizer(model_args, data_args, training_args, raw)
     model = _load_model(model_args, tokenizer)
     check_tokenizer_matches_config(tokenizer, model.config)  # before any training

@@ -485,7 +485,7 @@ def export_repository(
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()):
         if not overwrite:
-            raise FileExistsError(f"{output_dir} is not empty; choose a new folder or pass overwrite=True.")
+            raise FileExistsError(f"{output_dir} is not empty; choose a new folder or overwrite it (overwrite=True, --overwrite).")
         shutil.rmtree(output_dir)
     if isinstance(model, (str, os.PathLike)):
         source = Path(model)

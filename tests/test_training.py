@@ -239,3 +239,13 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     assert sorted(got) == sorted(expected) == list(range(1, 41))
     for s in range(1, 41):
         assert got[s] == pytest.approx(expected[s], abs=1e-6), (s, got[s], expected[s])
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_shipped_recipes_parse(recipe, monkeypatch):
+    monkeypatch.chdir(REPO)
+    model_args, data_args, training_args = parse_arguments([f"configs/{recipe}", "--use_cpu", "true"])  # bf16 recipes need a GPU or use_cpu
+    assert data_args.source_lang or data_args.synthetic_task
+    parse_config_overrides(model_args.config_overrides)
+    VaswaniTransformerConfig.from_preset(model_args.preset, **parse_config_overrides(model_args.config_overrides))
+    assert training_args.lr_schedule == "paper" and training_args.adam_beta2 == 0.98

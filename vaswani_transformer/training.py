@@ -203,6 +203,10 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     save_every_minutes: float | None = field(
         default=None, metadata={"help": "Also save a checkpoint every N minutes of training (paper: 10)."}
     )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={"help": "Wall-clock budget: stop (and save) after this many minutes of training; max_steps still applies."},
+    )
     predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
     report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Loggers (tensorboard)."})
     logging_first_step: bool = field(default=True, metadata={"help": "Log the first update."})
@@ -212,6 +216,8 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(f"Unknown lr_schedule {self.lr_schedule!r}. Valid: {', '.join(LR_SCHEDULES)}.")
         if self.lr_schedule == "paper" and (self.warmup_steps < 1 or self.warmup_steps != int(self.warmup_steps)):
             raise ValueError(f"The paper schedule needs an integer warmup_steps >= 1, got {self.warmup_steps}.")
+        if self.max_train_minutes is not None and self.max_train_minutes <= 0:
+            raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
         if self.save_every_minutes is not None and self.save_every_minutes <= 0:
             raise ValueError(f"save_every_minutes must be positive, got {self.save_every_minutes}.")
         super().__post_init__()
@@ -368,6 +374,17 @@ class NonFiniteLossError(RuntimeError):
     """Training stopped on a NaN or infinite loss (the message names the update); checkpoints stay as they were."""
 
 
+def _rank0_decides(flag: bool) -> bool:
+    """Rank 0's value of ``flag`` on every process (clocks differ between processes; decisions must not)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        tensor = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        if torch.distributed.get_backend() == "nccl":
+            tensor = tensor.cuda()
+        torch.distributed.broadcast(tensor, src=0)
+        return bool(tensor.item())
+    return flag
+
+
 class SaveEveryMinutesCallback(TrainerCallback):
     """Ask for a checkpoint when ``minutes`` of wall time passed since the last one (decided on rank 0)."""
 
@@ -379,19 +396,30 @@ class SaveEveryMinutesCallback(TrainerCallback):
         self.last = time.monotonic()
 
     def on_step_end(self, args, state, control, **kwargs):
-        due = time.monotonic() - self.last >= self.seconds
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([1 if due else 0], dtype=torch.int64)
-            if torch.distributed.get_backend() == "nccl":
-                flag = flag.cuda()
-            torch.distributed.broadcast(flag, src=0)
-            due = bool(flag.item())
-        if due:
+        if _rank0_decides(time.monotonic() - self.last >= self.seconds):
             control.should_save = True
         return control
 
     def on_save(self, args, state, control, **kwargs):
         self.last = time.monotonic()
+
+
+class TimeBudgetCallback(TrainerCallback):
+    """Stop training (saving a final checkpoint) once ``minutes`` of wall time have passed (decided on rank 0)."""
+
+    def __init__(self, minutes: float):
+        self.seconds = minutes * 60.0
+        self.start = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if _rank0_decides(time.monotonic() - self.start >= self.seconds):
+            logger.info("max_train_minutes=%s reached at update %d: stopping.", self.seconds / 60, state.global_step)
+            control.should_training_stop = True
+            control.should_save = True
+        return control
 
 
 class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
@@ -409,6 +437,8 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         self._train_start: float | None = None
         if getattr(self.args, "save_every_minutes", None):
             self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))
+        if getattr(self.args, "max_train_minutes", None):
+            self.add_callback(TimeBudgetCallback(self.args.max_train_minutes))
 
     # -- optimisation
     def create_optimizer(self, model=None):
@@ -775,6 +805,7 @@ __all__ = [
     "ModelArguments",
     "NonFiniteLossError",
     "SaveEveryMinutesCallback",
+    "TimeBudgetCallback",
     "VaswaniSeq2SeqTrainer",
     "VaswaniTrainingArguments",
     "build_optimizer",

@@ -27,6 +27,7 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.configuration_utils import GenerationMode
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
 
@@ -302,8 +303,6 @@ def paper_beam_search(
         raise ValueError(f"max_length ({generation_config.max_length}) leaves no token to generate.")
     max_new = int(limits.max())
     # Stopping criteria other than eos and max length (which are handled here) are evaluated on the candidates.
-    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
-
     extra_criteria = [c for c in stopping_criteria if not isinstance(c, (EosTokenCriteria, MaxLengthCriteria))]
 
     encoder_outputs = model_kwargs["encoder_outputs"]

@@ -249,3 +249,19 @@ def test_shipped_recipes_parse(recipe, monkeypatch):
     parse_config_overrides(model_args.config_overrides)
     VaswaniTransformerConfig.from_preset(model_args.preset, **parse_config_overrides(model_args.config_overrides))
     assert training_args.lr_schedule == "paper" and training_args.adam_beta2 == 0.98
+
+
+def test_learning_curve_and_schedule_plots(tmp_path):
+    from vaswani_transformer.analysis import learning_curve, plot_learning_curve, plot_lr_schedule
+
+    state = {"log_history": [{"step": 1, "loss": 5.0, "learning_rate": 1e-4}, {"step": 2, "loss": 4.0},
+                             {"step": 2, "eval_loss": 4.5, "eval_bleu": 1.5}, {"step": 2, "train_runtime": 3.0}]}  # fmt: skip
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    curves = learning_curve(tmp_path)
+    assert curves["loss"] == [(1, 5.0), (2, 4.0)] and curves["eval_bleu"] == [(2, 1.5)]
+    assert curves["learning_rate"] == [(1, 1e-4)]
+    png = plot_learning_curve(tmp_path / "trainer_state.json", tmp_path / "curve.png", extra={"BLEU": 1.5})
+    assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert Path(plot_lr_schedule(tmp_path / "lr.png", total_steps=10000)).stat().st_size > 1000
+    with pytest.raises(FileNotFoundError, match="No trainer_state.json"):
+        learning_curve(tmp_path / "missing")

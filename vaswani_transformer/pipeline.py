@@ -86,6 +86,23 @@ def model_language_pair(config) -> tuple[str, str] | None:
 # ------------------------------------------------------------------------------------------------ pipeline
 
 
+def _is_hf_dataset(inputs) -> bool:
+    return type(inputs).__module__.startswith("datasets.") and hasattr(inputs, "column_names")
+
+
+class _Rows(torch.utils.data.Dataset):
+    """The rows of a `datasets.Dataset` as a torch Dataset (so the pipeline batches and streams them)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return self.dataset[i]
+
+
 class TranslationPipeline(Pipeline):
     """Translate text with a sequence-to-sequence model (`model.generate` + `tokenizer.batch_decode`).
 
@@ -142,6 +159,8 @@ class TranslationPipeline(Pipeline):
         return preprocess_params, forward_params, postprocess_params
 
     def __call__(self, inputs, *args, **kwargs):
+        if _is_hf_dataset(inputs):  # a `datasets.Dataset`: stream its rows like a torch Dataset
+            inputs = _Rows(inputs)
         result = super().__call__(inputs, *args, **kwargs)
         if isinstance(inputs, list) and all(isinstance(x, str) for x in inputs) and all(len(r) == 1 for r in result):
             return [r[0] for r in result]

@@ -1,0 +1,220 @@
+"""pipeline("translation"): equal to generate + decode, with the package (registration) and without it (remote code)."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+from transformers import MarianConfig, MarianMTModel
+
+import vaswani_transformer  # noqa: F401  (registers the model classes)
+from vaswani_transformer.hub import export_repository
+from vaswani_transformer.pipeline import (
+    REGISTERED_TASK,
+    TranslationPipeline,
+    parse_translation_task,
+    register_translation_pipeline,
+    source_length_limit,
+    truncate_source,
+)
+
+from translation_fixtures import SOURCES, TEST_MAX_LEN_B, generate_one_by_one, generate_texts, save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = save_tiny_model(folder)
+    return folder, model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, saved):
+    folder, model, tokenizer = saved
+    out = tmp_path_factory.mktemp("export") / "repo"
+    export_repository(folder, out, source_lang="en", target_lang="de")
+    return out
+
+
+@pytest.fixture(scope="module")
+def translation_pipeline():
+    register_translation_pipeline()  # what `import vaswani_transformer` does once the package calls it
+    return transformers.pipeline
+
+
+def texts(outputs):
+    return [o["translation_text"] for o in outputs]
+
+
+def test_pipeline_equals_generate_batched_and_single(saved, translation_pipeline):
+    folder, model, tokenizer = saved
+    pipe = translation_pipeline("translation", model=str(folder))
+    assert isinstance(pipe, TranslationPipeline) and pipe.task == "translation"
+    expected = generate_texts(model, tokenizer, SOURCES)
+    assert len(set(expected)) > 1, "the fixture model should not translate every sentence alike"
+    assert expected == generate_one_by_one(model, tokenizer, SOURCES)  # the paper's beam search is batch-invariant
+    assert texts(pipe(SOURCES, batch_size=4)) == expected
+    assert texts(pipe(SOURCES)) == expected
+    assert pipe(SOURCES[0]) == [{"translation_text": expected[0]}]
+    # The decoding is the paper's (from the saved generation config), not transformers' defaults.
+    assert pipe.model.generation_config.num_beams == 4 and pipe.model.generation_config.length_penalty == 0.6
+    greedy = generate_texts(model, tokenizer, SOURCES, num_beams=1, max_len_b=7)
+    assert texts(pipe(SOURCES, batch_size=3, num_beams=1, max_len_b=7)) == greedy
+    pipe_greedy = translation_pipeline("translation", model=str(folder), num_beams=1, max_len_b=7)
+    assert texts(pipe_greedy(SOURCES, batch_size=2)) == greedy
+
+
+def test_pipeline_from_model_object_and_num_return_sequences(saved, translation_pipeline):
+    folder, model, tokenizer = saved
+    pipe = translation_pipeline("translation", model=model, tokenizer=tokenizer)
+    inputs = tokenizer(SOURCES[:2], return_tensors="pt", padding=True)
+    output = model.generate(**inputs, num_return_sequences=2)
+    expected = tokenizer.batch_decode(output, skip_special_tokens=True)
+    result = pipe(SOURCES[:2], batch_size=2, num_return_sequences=2)
+    assert [[o["translation_text"] for o in r] for r in result] == [expected[:2], expected[2:]]
+
+
+def test_empty_and_whitespace_sources_translate_to_empty(saved, translation_pipeline):
+    folder, model, tokenizer = saved
+    pipe = translation_pipeline("translation", model=str(folder))
+    sources = ["", SOURCES[0], "   \t", SOURCES[1]]
+    expected = generate_texts(model, tokenizer, [SOURCES[0], SOURCES[1]])
+    assert texts(pipe(sources, batch_size=4)) == ["", expected[0], "", expected[1]]
+    assert texts(pipe(["", " "], batch_size=2)) == ["", ""]
+    assert pipe("") == [{"translation_text": ""}]
+
+
+def test_dataset_and_key_dataset_inputs(saved, exported, translation_pipeline):
+    from datasets import Dataset
+    from transformers.pipelines.pt_utils import KeyDataset
+
+    folder, model, tokenizer = saved
+    expected = generate_texts(model, tokenizer, SOURCES)
+    rows = Dataset.from_dict({"translation": [{"en": s, "de": "-"} for s in SOURCES], "text": SOURCES})
+    pipe = translation_pipeline("translation_en_to_de", model=str(exported))
+    assert [r[0]["translation_text"] for r in pipe(rows.select_columns(["translation"]), batch_size=4)] == expected
+    plain = translation_pipeline("translation", model=str(folder))
+    assert [r[0]["translation_text"] for r in plain(KeyDataset(rows, "text"), batch_size=4)] == expected
+    with pytest.raises(ValueError, match="needs the source language"):
+        list(plain(rows.select_columns(["translation"])))
+
+
+def test_language_pair_of_an_exported_model_is_checked(exported, translation_pipeline):
+    with pytest.raises(ValueError, match="this model translates en->de"):
+        translation_pipeline("translation_fr_to_de", model=str(exported))
+    assert translation_pipeline("translation_en_to_de", model=str(exported)).task == "translation_en_to_de"
+
+
+def test_learned_positions_truncate_with_warning_or_refuse_when_strict(tmp_path, translation_pipeline, caplog):
+    folder = tmp_path / "learned"
+    # 12 learned positions: enough for the decoder (max_len_b=10 tokens after <s>), fewer than the long source.
+    model, tokenizer = save_tiny_model(folder, position_encoding="learned", max_position_embeddings=12)
+    assert source_length_limit(model.config) == 12 and source_length_limit(model.config, 4) == 4
+    long_source = SOURCES[1]
+    ids = tokenizer(long_source)["input_ids"]
+    assert len(ids) > 12
+    truncated = truncate_source(ids, 12, tokenizer.eos_token_id)
+    assert truncated == ids[:11] + [tokenizer.eos_token_id]
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([truncated]), attention_mask=torch.ones(1, 12, dtype=torch.long))
+    expected = tokenizer.batch_decode(out, skip_special_tokens=True)[0]
+
+    pipe = translation_pipeline("translation", model=str(folder))
+    with caplog.at_level(logging.WARNING):
+        assert pipe(long_source) == [{"translation_text": expected}]
+    assert f"source of {len(ids)} tokens" in caplog.text and "to 12 tokens" in caplog.text
+    with pytest.raises(ValueError, match="longer than the limit of 12 tokens"):
+        pipe(long_source, strict=True)
+    with pytest.raises(ValueError, match="longer than the limit of 3 tokens"):
+        pipe(SOURCES[0], max_source_length=3, strict=True)
+
+
+def test_other_models_keep_transformers_behaviour(tmp_path, translation_pipeline):
+    marian_dir = tmp_path / "marian"
+    marian_config = MarianConfig(vocab_size=16, d_model=8, encoder_layers=1, decoder_layers=1,
+                                 encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=8,
+                                 decoder_ffn_dim=8, pad_token_id=0, decoder_start_token_id=0, eos_token_id=1,
+                                 forced_eos_token_id=1)  # fmt: skip
+    marian_config.save_pretrained(marian_dir)
+    marian = MarianMTModel(marian_config)
+    original = transformers.pipelines.pipeline.__vaswani_wrapped__
+    for task, model in [("translation", str(marian_dir)), ("translation_en_to_de", str(marian_dir)),
+                        ("translation", marian)]:  # fmt: skip
+        with pytest.raises(KeyError) as ours:
+            transformers.pipeline(task, model=model)
+        with pytest.raises(KeyError) as theirs:
+            original(task, model=model)
+        assert "has been removed from transformers" in str(ours.value) and str(ours.value) == str(theirs.value)
+
+
+def test_other_tasks_on_our_models_are_untouched(saved, translation_pipeline):
+    folder, _, _ = saved
+    with pytest.raises(KeyError, match="summarization has been removed"):
+        transformers.pipeline("summarization", model=str(folder))
+    assert parse_translation_task("translation_en_to_de") == ("en", "de")
+    assert parse_translation_task("translation") == (None, None)
+    assert parse_translation_task("text-generation") is None
+    assert REGISTERED_TASK in transformers.pipelines.PIPELINE_REGISTRY.get_supported_tasks()
+    register_translation_pipeline()  # idempotent: still one wrapper around transformers' function
+    wrapped = transformers.pipelines.pipeline.__vaswani_wrapped__
+    assert getattr(wrapped, "__vaswani_wrapped__", None) is None
+
+
+def test_import_alone_enables_the_task(saved, tmp_path):
+    """`import vaswani_transformer` then `pipeline("translation", model=folder)` in a fresh Python."""
+    folder, model, tokenizer = saved
+    code = (
+        "import json, vaswani_transformer\nfrom transformers import pipeline\n"
+        f"p = pipeline('translation', model={str(folder)!r})\nprint(json.dumps(p({SOURCES!r}, batch_size=3)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    if result.returncode != 0 and "has been removed from transformers" in result.stderr:
+        pytest.xfail("vaswani_transformer/__init__.py does not call register_translation_pipeline() yet")
+    assert result.returncode == 0, result.stderr
+    assert texts(json.loads(result.stdout.strip().splitlines()[-1])) == generate_texts(model, tokenizer, SOURCES)
+
+
+@pytest.mark.slow
+def test_remote_code_pipeline_equals_generate_without_the_package(exported, saved, python_without_package, tmp_path):
+    """Only transformers: pipeline("translation", trust_remote_code=True) on the exported folder == generate."""
+    _, model, tokenizer = saved
+    expected = generate_texts(model, tokenizer, SOURCES)
+    greedy = generate_texts(model, tokenizer, SOURCES, num_beams=1)
+    result = python_without_package(
+        f"""
+        import json
+        import transformers
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        folder = {str(exported)!r}
+        sources = {SOURCES!r}
+        translator = pipeline("translation", model=folder, trust_remote_code=True)
+        pair = pipeline("translation_en_to_de", model=folder, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        generated = tokenizer.batch_decode(
+            model.generate(**tokenizer(sources, return_tensors="pt", padding=True)), skip_special_tokens=True
+        )
+        print(json.dumps({{
+            "pipeline": [o["translation_text"] for o in translator(sources, batch_size=4)],
+            "pair": [o["translation_text"] for o in pair(sources)],
+            "greedy": [o["translation_text"] for o in translator(sources, batch_size=2, num_beams=1)],
+            "generate": generated,
+            "pipeline_module": type(translator).__module__,
+            "model_module": type(model).__module__,
+            "decoding": [model.generation_config.num_beams, model.generation_config.length_penalty,
+                         model.generation_config.length_penalty_type, model.generation_config.max_len_b],
+        }}))
+        """
+    )
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["pipeline_module"].startswith("transformers_modules.")
+    assert report["model_module"].startswith("transformers_modules.")
+    assert report["generate"] == expected
+    assert report["pipeline"] == expected and report["pair"] == expected
+    assert report["greedy"] == greedy
+    assert report["decoding"] == [4, 0.6, "gnmt", TEST_MAX_LEN_B]

@@ -1,0 +1,58 @@
+"""Tiny saved translation models for the pipeline, translate and hub tests (built offline in seconds)."""
+
+import torch
+
+from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
+from vaswani_transformer.tokenization import config_kwargs_from_tokenizer, train_tokenizer
+
+
+CORPUS = [
+    "A man is riding a bicycle down the street.", "Ein Mann fährt mit dem Fahrrad die Straße entlang.",
+    "Two dogs play in the snow.", "Zwei Hunde spielen im Schnee.", "A small house near the river.",
+    "Ein kleines Haus am Fluss.", "Grüße aus Köln, schöne Straße!", "The cat sleeps on the warm sofa.",
+]  # fmt: skip
+SOURCES = [
+    "A man is riding a bicycle.", "Two dogs play in the snow near the small house by the river.", "Grüße aus Köln",
+    "x", "The cat sleeps.", "Zwei Hunde spielen im Schnee und ein Mann fährt Fahrrad die Straße entlang.",
+]  # fmt: skip
+
+
+def tiny_tokenizer():
+    return train_tokenizer(CORPUS * 3, vocab_size=320, show_progress=False)
+
+
+def tiny_model(tokenizer, seed: int = 1, **overrides):
+    """A random 1-layer model whose outputs differ from sentence to sentence (large embeddings, no dropout)."""
+    torch.manual_seed(seed)
+    fields = dict(d_model=32, encoder_layers=1, decoder_layers=1, num_heads=2, d_ff=64, dropout=0.0,
+                  scale_embedding=False, init_std=1.0)  # fmt: skip
+    config = VaswaniTransformerConfig(**{**fields, **config_kwargs_from_tokenizer(tokenizer), **overrides})
+    return VaswaniTransformerForConditionalGeneration(config).eval()
+
+
+# The paper's decoding (beam 4, GNMT penalty 0.6) with a short length rule: a random model never ends a sentence, and
+# source length + 50 steps of beam search per sentence would make the tests slow.
+TEST_MAX_LEN_A, TEST_MAX_LEN_B = 0, 10
+
+
+def save_tiny_model(folder, seed: int = 1, **overrides):
+    """(model, tokenizer) after saving both to `folder` with `save_pretrained` (generation: max_len_a=0,
+    max_len_b=10, otherwise the paper's)."""
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer, seed=seed, **overrides)
+    model.generation_config.max_len_a, model.generation_config.max_len_b = TEST_MAX_LEN_A, TEST_MAX_LEN_B
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, tokenizer
+
+
+def generate_texts(model, tokenizer, sources, **generate_kwargs) -> list[str]:
+    """The reference: one padded batch through `model.generate`, then `batch_decode(skip_special_tokens=True)`."""
+    inputs = tokenizer(list(sources), return_tensors="pt", padding=True)
+    with torch.no_grad():
+        output = model.generate(**inputs, **generate_kwargs)
+    return tokenizer.batch_decode(output, skip_special_tokens=True)
+
+
+def generate_one_by_one(model, tokenizer, sources, **generate_kwargs) -> list[str]:
+    return [generate_texts(model, tokenizer, [s], **generate_kwargs)[0] for s in sources]

@@ -1,0 +1,173 @@
+"""translate_lines and scripts/translate.py: line for line, empty lines, truncation, bad input named by line."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import vaswani_transformer  # noqa: F401
+from vaswani_transformer.inference import (
+    check_model_folder,
+    load_model_and_tokenizer,
+    one_line,
+    read_input_lines,
+    translate_lines,
+)
+
+from translation_fixtures import SOURCES, generate_one_by_one, generate_texts, save_tiny_model
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "translate.py"
+MAX_POSITIONS = 16  # learned positions: long lines must be truncated to 16 source tokens
+LONG_LINE = " ".join(SOURCES[1:] * 2)
+LINES = [SOURCES[0], "", LONG_LINE, "   \t", "Grüße aus Köln — 東京 😀 ñ", "x", SOURCES[4]]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("learned")
+    model, tokenizer = save_tiny_model(folder, position_encoding="learned", max_position_embeddings=MAX_POSITIONS)
+    return folder, model, tokenizer
+
+
+def reference(model, tokenizer, lines, limit=MAX_POSITIONS, **generate_kwargs):
+    """One sentence at a time through generate, truncating (keeping </s>) by hand; "" for blank lines."""
+    out = []
+    for line in lines:
+        if not line.strip():
+            out.append("")
+            continue
+        ids = tokenizer(line)["input_ids"]
+        if len(ids) > limit:
+            ids = ids[: limit - 1] + [tokenizer.eos_token_id]
+        with torch.no_grad():
+            generated = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                       **generate_kwargs)  # fmt: skip
+        out.append(tokenizer.batch_decode(generated, skip_special_tokens=True)[0])
+    return out
+
+
+def run_cli(*args, stdin: bytes | None = None, cwd=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": "ascii"}  # output must be UTF-8 regardless
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args), "--no-progress"], input=stdin,
+                          capture_output=True, env=env, cwd=cwd, timeout=300)  # fmt: skip
+
+
+def test_translate_lines_matches_generate_whatever_the_batching(saved, caplog):
+    folder, model, tokenizer = saved
+    assert len(tokenizer(LONG_LINE)["input_ids"]) > MAX_POSITIONS
+    expected = reference(model, tokenizer, LINES)
+    assert len(set(expected)) > 2
+    for max_tokens in (1, 4096):  # one sentence per batch, everything in one batch (the CLI test uses 24)
+        caplog.clear()
+        assert translate_lines(model, tokenizer, LINES, max_tokens=max_tokens, source_name="in.txt") == expected
+        assert "in.txt:3: the source has" in caplog.text and f"limit of {MAX_POSITIONS}" in caplog.text
+    # A user limit below the model's: every line longer than 5 tokens is truncated.
+    assert translate_lines(model, tokenizer, LINES, max_source_length=5) == reference(model, tokenizer, LINES, limit=5)
+
+
+def test_translate_lines_decoding_overrides(saved):
+    folder, model, tokenizer = saved
+    kwargs = dict(num_beams=2, length_penalty=1.0, max_len_a=0, max_len_b=5)
+    assert translate_lines(model, tokenizer, LINES, max_tokens=30, **kwargs) == reference(model, tokenizer, LINES, **kwargs)
+    # the same as the model's generate for short sources, in one padded batch
+    short = [SOURCES[0], SOURCES[2], SOURCES[4]]
+    assert translate_lines(model, tokenizer, short, num_beams=1) == generate_texts(model, tokenizer, short, num_beams=1)
+
+
+def test_translate_lines_bad_input(saved):
+    folder, model, tokenizer = saved
+    assert translate_lines(model, tokenizer, ["", " "]) == ["", ""]
+    assert translate_lines(model, tokenizer, []) == []
+    with pytest.raises(ValueError, match=r"in.txt:3: the source has \d+ tokens, more than the limit of 16 \(strict"):
+        translate_lines(model, tokenizer, LINES, strict=True, source_name="in.txt")
+    with pytest.raises(TypeError, match="line 2 is a int"):
+        translate_lines(model, tokenizer, ["a", 3])
+    with pytest.raises(ValueError, match="max_tokens must be positive"):
+        translate_lines(model, tokenizer, ["a"], max_tokens=0)
+
+
+def test_read_input_lines_and_model_folder_checks(tmp_path, saved):
+    path = tmp_path / "in.txt"
+    path.write_bytes("first\n\nGrüße\r\nlast without newline".encode())
+    assert read_input_lines(path) == (["first", "", "Grüße", "last without newline"], str(path))
+    path.write_bytes(b"ok\nok\n\xff\xfe broken\n")
+    with pytest.raises(ValueError, match=r"in.txt:3: invalid UTF-8"):
+        read_input_lines(path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_input_lines(tmp_path / "missing.txt")
+    assert one_line("a\nb\r\nc\rd") == "a b c d"
+
+    folder, _, _ = saved
+    check_model_folder(folder)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((folder / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match=r"missing: the weights .*; the tokenizer"):
+        check_model_folder(broken)
+    (broken / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
+    (broken / "tokenizer.json").write_text((folder / "tokenizer.json").read_text())
+    with pytest.raises(FileNotFoundError, match="model-00001-of-00002.safetensors .a weight shard listed"):
+        check_model_folder(broken)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model_and_tokenizer(tmp_path / "nope")
+
+
+def test_evaluation_uses_translate_lines():
+    from vaswani_transformer.evaluation import default_translate_fn
+
+    assert default_translate_fn() is translate_lines
+
+
+@pytest.mark.slow
+def test_cli_file_to_file_line_for_line(tmp_path, saved):
+    folder, model, tokenizer = saved
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    output = tmp_path / "out" / "hyp.txt"
+    result = run_cli("--model", folder, "--input", source, "--output", output, "--max-tokens", 24)
+    assert result.returncode == 0, result.stderr.decode()
+    written = output.read_bytes().decode("utf-8")
+    assert written.endswith("\n") and written.count("\n") == len(LINES)
+    assert written.split("\n")[:-1] == [one_line(t) for t in reference(model, tokenizer, LINES)]
+    assert written.split("\n")[1] == "" and written.split("\n")[3] == ""
+    assert f"{source}:3: the source has" in result.stderr.decode()
+
+
+@pytest.mark.slow
+def test_cli_stdin_to_stdout_with_decoding_options(saved):
+    folder, model, tokenizer = saved
+    lines = LINES[:2] + LINES[4:]  # no final newline on the last line: still one output line per input line
+    result = run_cli("--model", folder, "--beam", 2, "--alpha", 1.0, "--max-len-a", 0, "--max-len-b", 5,
+                     "--dtype", "float32", "--device", "cpu", stdin="\n".join(lines).encode("utf-8"))  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    expected = reference(model, tokenizer, lines, num_beams=2, length_penalty=1.0, max_len_a=0, max_len_b=5)
+    assert result.stdout.decode("utf-8").split("\n")[:-1] == [one_line(t) for t in expected]
+
+
+@pytest.mark.slow
+def test_cli_errors_name_the_problem(tmp_path, saved):
+    folder, _, _ = saved
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    output = tmp_path / "hyp.txt"
+    strict = run_cli("--model", folder, "--input", source, "--output", output, "--strict")
+    assert strict.returncode == 1 and f"{source}:3: the source has" in strict.stderr.decode()
+    assert not output.exists()
+
+    source.write_bytes(b"fine\n\xc3\x28 broken\n")
+    bad = run_cli("--model", folder, "--input", source, "--output", output)
+    assert bad.returncode == 1 and f"{source}:2: invalid UTF-8" in bad.stderr.decode() and not output.exists()
+
+    incomplete = tmp_path / "incomplete"
+    incomplete.mkdir()
+    (incomplete / "tokenizer.json").write_text((folder / "tokenizer.json").read_text())
+    missing = run_cli("--model", incomplete, "--input", source)
+    message = missing.stderr.decode()
+    assert missing.returncode == 1 and "config.json" in message and "the weights" in message
+    assert "the tokenizer" not in message

@@ -1,0 +1,252 @@
+"""Hub export: the dry-run folder works with only transformers, the card carries the results, uploads are validated."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+
+import vaswani_transformer  # noqa: F401
+from vaswani_transformer import VaswaniTransformerConfig
+from vaswani_transformer.evaluation import evaluation_report
+from vaswani_transformer.hub import (
+    CODE_FILES,
+    RepositoryValidationError,
+    count_parameters,
+    detect_preset,
+    export_repository,
+    push_repository,
+    training_info_from_run,
+    write_model_card,
+    write_repository_extras,
+)
+
+from translation_fixtures import SOURCES, TEST_MAX_LEN_B, generate_texts, save_tiny_model
+
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee beim kleinen Haus am Fluss.", "Grüße aus Köln",
+              "x", "Die Katze schläft.", "Zwei Hunde spielen im Schnee und ein Mann fährt Fahrrad die Straße entlang."]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model")
+    model, tokenizer = save_tiny_model(folder)
+    return folder, model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def eval_json(tmp_path_factory):
+    """A real evaluation report (the JSON scripts/evaluate.py writes): hypotheses that partly match the references."""
+    path = tmp_path_factory.mktemp("eval") / "test_2016_flickr.json"
+    hypotheses = REFERENCES[:3] + ["y", "Die Katze.", "Zwei Hunde spielen."]
+    report = evaluation_report(hypotheses, REFERENCES, source_lang="en", target_lang="de", model="tiny",
+                               output_json=path, source_file="data/test_2016_flickr.en")  # fmt: skip
+    return path, report
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory, saved, eval_json):
+    """scripts/push_to_hub.py --output-dir, as a user runs it (it validates the folder in a clean Python itself)."""
+    folder, _, _ = saved
+    out = tmp_path_factory.mktemp("dry") / "repo"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), "--model", str(folder), "--output-dir", str(out),
+         "--source-lang", "en", "--target-lang", "de", "--eval-results", str(eval_json[0]), "--dataset",
+         "bentrevett/multi30k", "--repo-id", "someone/transformer-tiny-en-de"],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"Wrote {out}; it translates in a clean Python" in result.stdout
+    return out
+
+
+class RecordingHfApi:
+    """Stands in for huggingface_hub.HfApi (no network): records what would be created and uploaded."""
+
+    def __init__(self):
+        self.calls = []
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+        return type("RepoUrl", (), {"repo_id": repo_id})()
+
+    def create_branch(self, repo_id, **kwargs):
+        self.calls.append(("create_branch", repo_id, kwargs))
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs["repo_id"], kwargs))
+        return type("CommitInfo", (), {"commit_url": f"https://hub.example/{kwargs['repo_id']}/commit/1"})()
+
+
+@pytest.mark.slow
+def test_dry_run_folder_loads_and_translates_without_the_package(dry_run, saved, python_without_package):
+    _, model, tokenizer = saved
+    files = sorted(p.name for p in dry_run.iterdir())
+    for name in ("README.md", "config.json", "generation_config.json", "model.safetensors", "pipeline.py",
+                 "tokenizer.json", "tokenizer_config.json", *CODE_FILES):  # fmt: skip
+        assert name in files
+    config = json.loads((dry_run / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"].startswith("modeling_vaswani_transformer.")
+    assert set(config["custom_pipelines"]) == {"translation", "translation_en_to_de"}
+    assert config["custom_pipelines"]["translation"]["impl"] == "pipeline.TranslationPipeline"
+
+    expected = generate_texts(model, tokenizer, SOURCES)
+    result = python_without_package(
+        f"""
+        import json
+        from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        folder = {str(dry_run)!r}
+        sources = {SOURCES!r}
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
+        generated = tokenizer.batch_decode(
+            model.generate(**tokenizer(sources, return_tensors="pt", padding=True)), skip_special_tokens=True
+        )
+        translator = pipeline("translation_en_to_de", model=folder, trust_remote_code=True)
+        g = model.generation_config
+        print(json.dumps({{
+            "config": type(config).__name__, "model": type(model).__module__,
+            "generate": generated, "pipeline": [o["translation_text"] for o in translator(sources, batch_size=3)],
+            "decoding": [g.num_beams, g.length_penalty, g.length_penalty_type, g.early_stopping, g.max_len_a,
+                         g.max_len_b],
+        }}))
+        """
+    )
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["config"] == "VaswaniTransformerConfig" and report["model"].startswith("transformers_modules.")
+    assert report["generate"] == expected and report["pipeline"] == expected
+    assert report["decoding"] == [4, 0.6, "gnmt", True, 0, TEST_MAX_LEN_B]  # the saved model's, kept on export
+
+
+def test_card_parses_and_carries_the_results(tmp_path, saved, eval_json):
+    folder, model, _ = saved
+    path, report = eval_json
+    repo = tmp_path / "repo"
+    export_repository(folder, repo, eval_results=[path], datasets=["bentrevett/multi30k"], source_lang="en",
+                      target_lang="de", training_info={"max_steps": 100000, "warmup_steps": 4000})  # fmt: skip
+    card = ModelCard.load(repo / "README.md")
+    data = card.data
+    assert data.language == ["en", "de"] and data.license == "apache-2.0" and data.datasets == ["bentrevett/multi30k"]
+    assert data.pipeline_tag == "translation" and data.library_name == "transformers"
+    results = {r.metric_name: r for r in data.eval_results}
+    assert set(results) == {"sacreBLEU", "tokenized BLEU", "chrF"}
+    assert results["sacreBLEU"].metric_value == round(report["sacrebleu"], 2) > 0
+    assert results["sacreBLEU"].metric_config == report["sacrebleu_signature"]
+    assert results["tokenized BLEU"].metric_value == round(report["tokenized_bleu"], 2)
+    assert results["chrF"].metric_value == round(report["chrf"], 2)
+    assert all(r.task_type == "translation" and r.dataset_name == "test_2016_flickr.en" for r in data.eval_results)
+    text = card.text
+    parameters = model.num_parameters()
+    assert count_parameters(repo) == parameters
+    assert f"{parameters:,}" in text and "`custom` (not a paper preset)" in text
+    assert "| max_steps | 100000 |" in text and "| warmup steps | 4000 |" in text
+    assert "English (en) → German (de)" in text
+    assert 'pipeline("translation", model=repo, trust_remote_code=True)' in text
+    assert report["sacrebleu_signature"].replace("|", "\\|") in text  # escaped inside the results table
+
+
+def test_trainer_runs_get_the_same_repository(tmp_path, saved):
+    """write_model_card is what VaswaniSeq2SeqTrainer.create_model_card calls on its output folder."""
+    from transformers import Seq2SeqTrainer
+
+    from vaswani_transformer.training import VaswaniTrainingArguments
+
+    folder, model, tokenizer = saved
+    run = tmp_path / "run"
+    shutil.copytree(folder, run)
+    (run / "pipeline.py").unlink(missing_ok=True)
+    (run / "trainer_state.json").write_text(json.dumps({"global_step": 1234}))
+    (run / "training_summary.json").write_text(json.dumps({"summary": {
+        "updates": 1234, "source_tokens_seen": 56789, "target_tokens_seen": 60000, "wall_time_seconds": 12.5,
+        "num_processes": 2}}))  # fmt: skip
+    assert training_info_from_run(run)["source_tokens_seen"] == 56789
+    args = VaswaniTrainingArguments(output_dir=str(run), report_to=[], max_steps=50, warmup_steps=10)
+    trainer = Seq2SeqTrainer(model=model, args=args, processing_class=tokenizer)
+    card = write_model_card(run, trainer=trainer, language=["en", "de"], dataset="multi30k")
+    assert (run / "pipeline.py").is_file()
+    assert set(json.loads((run / "config.json").read_text())["custom_pipelines"]) == {"translation", "translation_en_to_de"}
+    loaded = ModelCard.load(run / "README.md")
+    assert loaded.data.language == ["en", "de"] and loaded.data.datasets == ["multi30k"]
+    assert loaded.data.eval_results is None and "No evaluation results were recorded" in loaded.text
+    for row in ("| Adam beta2 | 0.98 |", "| Adam epsilon | 1e-09 |", "| label smoothing | 0.1 |", "| warmup steps | 10 |",
+                "| learning-rate schedule | paper |", "| max_steps | 50 |", "| source tokens seen | 56789 |"):  # fmt: skip
+        assert row in card.text, row
+    assert "| updates (optimizer steps) | 1234 |" in card.text
+
+
+def test_generation_config_written_or_completed(tmp_path, saved):
+    folder, _, _ = saved
+    repo = tmp_path / "repo"
+    shutil.copytree(folder, repo)
+    (repo / "generation_config.json").unlink()
+    write_repository_extras(repo, source_lang="en", target_lang="de")
+    generation = json.loads((repo / "generation_config.json").read_text())
+    assert {k: generation[k] for k in ("num_beams", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b",
+                                       "early_stopping")} == {  # fmt: skip
+        "num_beams": 4, "length_penalty": 0.6, "length_penalty_type": "gnmt", "max_len_a": 1, "max_len_b": 50,
+        "early_stopping": True}  # fmt: skip
+    # An existing generation config is the model's choice: kept, only the missing paper fields are added.
+    generation.update(num_beams=5)
+    del generation["max_len_a"]
+    (repo / "generation_config.json").write_text(json.dumps(generation))
+    write_repository_extras(repo)
+    generation = json.loads((repo / "generation_config.json").read_text())
+    assert generation["num_beams"] == 5 and generation["max_len_a"] == 1
+    # the language pair recorded at the first export is kept
+    assert "translation_en_to_de" in json.loads((repo / "config.json").read_text())["custom_pipelines"]
+
+
+def test_incomplete_folders_and_bad_inputs_are_refused(tmp_path, saved):
+    folder, model, tokenizer = saved
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(folder / "config.json", bare / "config.json")
+    with pytest.raises(FileNotFoundError, match="lacks configuration_vaswani_transformer.py, modeling_vaswani"):
+        write_repository_extras(bare)
+    with pytest.raises(FileExistsError, match="is not empty"):
+        export_repository(folder, bare)
+    with pytest.raises(ValueError, match="Pass `tokenizer`"):
+        export_repository(model, tmp_path / "new")
+    with pytest.raises(FileNotFoundError, match="incomplete; missing: the weights"):
+        export_repository(bare, tmp_path / "new2")
+    bad_eval = tmp_path / "eval.json"
+    bad_eval.write_text(json.dumps({"bleu": 1.0}))
+    with pytest.raises(ValueError, match="no 'sacrebleu', 'tokenized_bleu' or 'chrf' score"):
+        export_repository(folder, tmp_path / "new3", eval_results=[bad_eval])
+
+
+def test_detect_preset():
+    assert detect_preset(VaswaniTransformerConfig.from_preset("base", vocab_size=100)) == "base"
+    assert detect_preset(VaswaniTransformerConfig.from_preset("big")) == "big"
+    assert detect_preset(VaswaniTransformerConfig.from_preset("E-learned")) == "E-learned"
+    assert detect_preset(VaswaniTransformerConfig(d_model=64, num_heads=2, d_ff=128)) == "custom"
+
+
+@pytest.mark.slow
+def test_push_uploads_only_a_validated_folder(tmp_path, dry_run, caplog, capsys):
+    token = "hf_not_a_real_token_0123456789"
+    api = RecordingHfApi()
+    url = push_repository(dry_run, "someone/tiny", private=True, revision="v1", commit_message="first", token=token,
+                          api=api)  # fmt: skip
+    assert url == "https://hub.example/someone/tiny/commit/1"
+    assert [c[0] for c in api.calls] == ["create_repo", "create_branch", "upload_folder"]
+    assert api.calls[0][2]["private"] is True and api.calls[1][2]["branch"] == "v1"
+    upload = api.calls[2][2]
+    assert upload["folder_path"] == str(dry_run) and upload["revision"] == "v1" and upload["commit_message"] == "first"
+
+    broken = tmp_path / "broken"
+    shutil.copytree(dry_run, broken)
+    (broken / "pipeline.py").unlink()  # the remote-code pipeline is gone: the folder must not be uploaded
+    api = RecordingHfApi()
+    with pytest.raises(RepositoryValidationError, match="does not translate in a Python without vaswani_transformer"):
+        push_repository(broken, "someone/tiny", token=token, api=api)
+    assert api.calls == []
+    captured = capsys.readouterr()
+    assert token not in caplog.text + captured.out + captured.err

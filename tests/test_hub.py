@@ -166,6 +166,7 @@ def test_trainer_runs_get_the_same_repository(tmp_path, saved):
     (run / "training_summary.json").write_text(json.dumps({"summary": {
         "updates": 1234, "source_tokens_seen": 56789, "target_tokens_seen": 60000, "wall_time_seconds": 12.5,
         "num_processes": 2}}))  # fmt: skip
+    (run / "test_results.json").write_text(json.dumps({"test_bleu": 12.5, "test_chrf": 40.25, "test_loss": 3.0}))
     assert training_info_from_run(run)["source_tokens_seen"] == 56789
     args = VaswaniTrainingArguments(output_dir=str(run), report_to=[], max_steps=50, warmup_steps=10)
     trainer = Seq2SeqTrainer(model=model, args=args, processing_class=tokenizer)
@@ -174,7 +175,10 @@ def test_trainer_runs_get_the_same_repository(tmp_path, saved):
     assert set(json.loads((run / "config.json").read_text())["custom_pipelines"]) == {"translation", "translation_en_to_de"}
     loaded = ModelCard.load(run / "README.md")
     assert loaded.data.language == ["en", "de"] and loaded.data.datasets == ["multi30k"]
-    assert loaded.data.eval_results is None and "No evaluation results were recorded" in loaded.text
+    results = {r.metric_name: r for r in loaded.data.eval_results}
+    assert set(results) == {"sacreBLEU", "chrF"} and results["sacreBLEU"].metric_value == 12.5
+    assert results["chrF"].metric_value == 40.25 and results["sacreBLEU"].dataset_split == "test"
+    assert "| test split | sacreBLEU | 12.50 | `-` |" in loaded.text
     for row in ("| Adam beta2 | 0.98 |", "| Adam epsilon | 1e-09 |", "| label smoothing | 0.1 |", "| warmup steps | 10 |",
                 "| learning-rate schedule | paper |", "| max_steps | 50 |", "| source tokens seen | 56789 |"):  # fmt: skip
         assert row in card.text, row
@@ -186,7 +190,8 @@ def test_generation_config_written_or_completed(tmp_path, saved):
     repo = tmp_path / "repo"
     shutil.copytree(folder, repo)
     (repo / "generation_config.json").unlink()
-    write_repository_extras(repo, source_lang="en", target_lang="de")
+    card = write_repository_extras(repo, source_lang="en", target_lang="de")
+    assert card.data.eval_results is None and "No evaluation results were recorded" in card.text
     generation = json.loads((repo / "generation_config.json").read_text())
     assert {k: generation[k] for k in ("num_beams", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b",
                                        "early_stopping")} == {  # fmt: skip

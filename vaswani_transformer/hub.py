@@ -54,7 +54,6 @@ CODE_FILES = ("configuration_vaswani_transformer.py", "modeling_vaswani_transfor
 # install); pass `template_path` to use another one.
 DEFAULT_TEMPLATE = PACKAGE_DIR.parent / "model_cards" / "vaswani_transformer.md"
 DEFAULT_VALIDATION_SENTENCE = "A man is riding a bicycle down the street."
-EVAL_REPORT_NAME = "eval_results.json"
 
 # Fields of the training run shown in the card, in this order (whatever is present), with their labels.
 TRAINING_FIELDS = {
@@ -431,11 +430,35 @@ def write_repository_extras(
     return card
 
 
+def trainer_metric_reports(output_dir: PathLike, trainer=None) -> list[dict]:
+    """Evaluation reports from a Trainer run's own metrics: `test_results.json` / `eval_results.json` (written by
+    `trainer.save_metrics`), else the last `test_bleu` / `eval_bleu` entry of `trainer.state.log_history`. The keys
+    are those of `evaluation.make_compute_metrics` (`<prefix>_bleu` = sacreBLEU, `_chrf`, `_tokenized_bleu`); the
+    signatures are not recorded there, so the card shows none."""
+    reports = []
+    history = list(getattr(getattr(trainer, "state", None), "log_history", None) or [])
+    for prefix, split in (("test", "test"), ("eval", "validation")):
+        path = Path(output_dir) / f"{prefix}_results.json"
+        metrics = _read_json(path) if path.is_file() else next(
+            (entry for entry in reversed(history) if entry.get(f"{prefix}_bleu") is not None), {}
+        )
+        if metrics.get(f"{prefix}_bleu") is None:
+            continue
+        reports.append({
+            "sacrebleu": metrics[f"{prefix}_bleu"],
+            "chrf": metrics.get(f"{prefix}_chrf"),
+            "tokenized_bleu": metrics.get(f"{prefix}_tokenized_bleu"),
+            "dataset": {"name": f"{split} split", "type": "custom", "split": split},
+        })  # fmt: skip
+    return reports
+
+
 def write_model_card(output_dir: PathLike, trainer=None, **kwargs) -> ModelCard | None:
     """`Seq2SeqTrainer.create_model_card` for our runs: `write_repository_extras` on the trainer's output folder.
 
     Reads the recipe from `trainer` (`training_info_from_trainer`) and the run folder; evaluation reports from
-    `eval_results=` or `<output_dir>/eval_results.json`. Accepts `create_model_card`'s keywords: `language` (a
+    `eval_results=` (evaluation JSONs of scripts/evaluate.py, or dicts) or else the run's own metrics
+    (`trainer_metric_reports`). Accepts `create_model_card`'s keywords: `language` (a
     [source, target] pair), `license`, `tags`, `model_name`, `dataset`/`dataset_tags`; also `source_lang`,
     `target_lang`. Does nothing on processes other than the main one (like the Trainer's own card).
     """
@@ -451,8 +474,8 @@ def write_model_card(output_dir: PathLike, trainer=None, **kwargs) -> ModelCard 
         source_lang, target_lang = source_lang or language[0], target_lang or language[1]
     datasets = kwargs.pop("dataset", None) or kwargs.pop("dataset_tags", None)
     eval_results = kwargs.pop("eval_results", None)
-    if eval_results is None and (output_dir / EVAL_REPORT_NAME).is_file():
-        eval_results = [output_dir / EVAL_REPORT_NAME]
+    if eval_results is None:
+        eval_results = trainer_metric_reports(output_dir, trainer)
     options = {k: kwargs[k] for k in ("license", "tags", "model_name", "repo_id") if kwargs.get(k) is not None}
     if isinstance(options.get("tags"), str):
         options["tags"] = [options["tags"]]
@@ -630,6 +653,7 @@ __all__ = [
     "eval_results_for_card",
     "export_repository",
     "push_repository",
+    "trainer_metric_reports",
     "render_model_card",
     "training_info_from_run",
     "training_info_from_trainer",

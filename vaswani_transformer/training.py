@@ -676,6 +676,15 @@ def _average_checkpoints(output_dir: str, n: int) -> str:
     """Average the last ``n`` complete checkpoints of the run into ``output_dir/averaged``."""
     from .averaging import average_checkpoints
 
+    from .averaging import find_checkpoints
+
+    available = [p for p in find_checkpoints(output_dir) if is_complete_checkpoint(p)]
+    if not available:
+        raise ValueError(f"average_last_checkpoints={n} but {output_dir} has no complete checkpoint.")
+    if len(available) < n:
+        logger.warning("average_last_checkpoints=%d but only %d checkpoint(s) exist (%s): averaging those.",
+                       n, len(available), ", ".join(Path(p).name for p in available))
+        n = len(available)
     target = os.path.join(output_dir, "averaged")
     done = average_checkpoints(output_dir, n, target)
     logger.info("Averaged %s into %s", ", ".join(p.name for p in done.checkpoints), target)

@@ -107,6 +107,7 @@ def test_language_pair_of_an_exported_model_is_checked(exported, translation_pip
     with pytest.raises(ValueError, match="this model translates en->de"):
         translation_pipeline("translation_fr_to_de", model=str(exported))
     assert translation_pipeline("translation_en_to_de", model=str(exported)).task == "translation_en_to_de"
+    assert translation_pipeline(model=str(exported)).task == "translation"  # no task: our models translate
 
 
 def test_learned_positions_truncate_with_warning_or_refuse_when_strict(tmp_path, translation_pipeline, caplog):

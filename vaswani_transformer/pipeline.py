@@ -258,9 +258,10 @@ def _is_vaswani_model(model, config, hub_kwargs: dict) -> bool:
 def _translation_pipeline_factory(original):
     @functools.wraps(original)
     def pipeline(task=None, model=None, config=None, *args, **kwargs):
-        pair = parse_translation_task(task)
+        pair = parse_translation_task("translation" if task is None else task)
         if pair is None or kwargs.get("pipeline_class") is not None or not _is_vaswani_model(model, config, kwargs):
             return original(task, model, config, *args, **kwargs)
+        task = task or "translation"  # the task of our models (transformers would ask the Hub, or fail offline)
         pipe = original(REGISTERED_TASK, model, config, *args, pipeline_class=TranslationPipeline, **kwargs)
         recorded = model_language_pair(pipe.model.config)
         if pair[0] is not None and recorded is not None and tuple(pair) != recorded:
@@ -292,7 +293,7 @@ def register_translation_pipeline() -> None:
     1. `PIPELINE_REGISTRY.register_pipeline("vaswani-translation", TranslationPipeline, AutoModelForSeq2SeqLM)`: a new
        task name of our own (transformers' "translation" stays removed).
     2. `transformers.pipeline` (and `transformers.pipelines.pipeline`) become a thin wrapper: when the task is
-       "translation" or "translation_XX_to_YY" and the model (a model object, a folder or a Hub id, judged by the
+       "translation", "translation_XX_to_YY" or not given, and the model (a model object, a folder or a Hub id, judged by the
        `model_type` in its `config.json`) is a `vaswani_transformer`, it calls transformers' `pipeline` with the task
        "vaswani-translation" and `pipeline_class=TranslationPipeline`; every other call goes to transformers'
        `pipeline` unchanged, with the same arguments.

@@ -533,14 +533,12 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         return loss, generated, labels
 
     def create_model_card(self, *args, **kwargs):
-        try:
-            from . import hub
-        except ImportError:
-            return super().create_model_card(*args, **kwargs)
-        writer = getattr(hub, "write_model_card", None)
-        if writer is None:
-            return super().create_model_card(*args, **kwargs)
-        return writer(self.args.output_dir, trainer=self, **kwargs)
+        """The project's card, pipeline code and generation config in ``output_dir`` (``hub.write_model_card``)."""
+        from .hub import write_model_card
+
+        if args:
+            raise TypeError("create_model_card takes keyword arguments only.")
+        return write_model_card(self.args.output_dir, trainer=self, **kwargs)
 
     def training_summary(self) -> dict[str, Any]:
         """Tokens seen (summed over processes), wall time and throughput of this run (since start or resume)."""
@@ -794,6 +792,8 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                 print(f"  src: {ex['source']}\n  ref: {ex['reference']}\n  hyp: {ex['hypothesis']}\n", flush=True)
     if trainer.is_world_process_zero():
         os.makedirs(training_args.output_dir, exist_ok=True)
+        if training_args.do_train:
+            trainer.create_model_card(language=[data_args.source_lang, data_args.target_lang])
         Path(training_args.output_dir, SUMMARY_NAME).write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result
 

@@ -25,12 +25,21 @@ from vaswani_transformer.hub import (
     write_repository_extras,
 )
 
-from translation_fixtures import SOURCES, TEST_MAX_LEN_B, generate_texts, save_tiny_model
+from translation_fixtures import (  # single_thread: autouse fixture, one torch thread
+    SINGLE_THREAD_ENV,
+    SOURCES,
+    TEST_MAX_LEN_B,
+    generate_texts,
+    save_tiny_model,
+    single_thread,  # noqa: F401
+)
 
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee beim kleinen Haus am Fluss.", "Grüße aus Köln",
-              "x", "Die Katze schläft.", "Zwei Hunde spielen im Schnee und ein Mann fährt Fahrrad die Straße entlang."]  # fmt: skip
+REFERENCES = [
+    "Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee beim kleinen Haus am Fluss.", "Grüße aus Köln", "x",
+    "Die Katze schläft.", "Zwei Hunde spielen im Schnee und ein Mann fährt Fahrrad die Straße entlang.",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +68,7 @@ def dry_run(tmp_path_factory, saved, eval_json):
         [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), "--model", str(folder), "--output-dir", str(out),
          "--source-lang", "en", "--target-lang", "de", "--eval-results", str(eval_json[0]), "--dataset",
          "bentrevett/multi30k", "--repo-id", "someone/transformer-tiny-en-de"],
-        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600,
+        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", **SINGLE_THREAD_ENV},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert f"Wrote {out}; it translates in a clean Python" in result.stdout
@@ -100,6 +109,8 @@ def test_dry_run_folder_loads_and_translates_without_the_package(dry_run, saved,
     result = python_without_package(
         f"""
         import json
+        import torch
+        torch.set_num_threads(1)
         from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
         folder = {str(dry_run)!r}
         sources = {SOURCES!r}
@@ -172,15 +183,17 @@ def test_trainer_runs_get_the_same_repository(tmp_path, saved):
     trainer = Seq2SeqTrainer(model=model, args=args, processing_class=tokenizer)
     card = write_model_card(run, trainer=trainer, language=["en", "de"], dataset="multi30k")
     assert (run / "pipeline.py").is_file()
-    assert set(json.loads((run / "config.json").read_text())["custom_pipelines"]) == {"translation", "translation_en_to_de"}
+    custom_pipelines = json.loads((run / "config.json").read_text())["custom_pipelines"]
+    assert set(custom_pipelines) == {"translation", "translation_en_to_de"}
     loaded = ModelCard.load(run / "README.md")
     assert loaded.data.language == ["en", "de"] and loaded.data.datasets == ["multi30k"]
     results = {r.metric_name: r for r in loaded.data.eval_results}
     assert set(results) == {"sacreBLEU", "chrF"} and results["sacreBLEU"].metric_value == 12.5
     assert results["chrF"].metric_value == 40.25 and results["sacreBLEU"].dataset_split == "test"
     assert "| test split | sacreBLEU | 12.50 | `-` |" in loaded.text
-    for row in ("| Adam beta2 | 0.98 |", "| Adam epsilon | 1e-09 |", "| label smoothing | 0.1 |", "| warmup steps | 10 |",
-                "| learning-rate schedule | paper |", "| max_steps | 50 |", "| source tokens seen | 56789 |"):  # fmt: skip
+    rows = ("| Adam beta2 | 0.98 |", "| Adam epsilon | 1e-09 |", "| label smoothing | 0.1 |", "| warmup steps | 10 |",
+            "| learning-rate schedule | paper |", "| max_steps | 50 |", "| source tokens seen | 56789 |")
+    for row in rows:
         assert row in card.text, row
     assert "| updates (optimizer steps) | 1234 |" in card.text
 

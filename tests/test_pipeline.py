@@ -22,7 +22,15 @@ from vaswani_transformer.pipeline import (
     truncate_source,
 )
 
-from translation_fixtures import SOURCES, TEST_MAX_LEN_B, generate_one_by_one, generate_texts, save_tiny_model
+from translation_fixtures import (  # single_thread: autouse fixture, one torch thread
+    SINGLE_THREAD_ENV,
+    SOURCES,
+    TEST_MAX_LEN_B,
+    generate_one_by_one,
+    generate_texts,
+    save_tiny_model,
+    single_thread,  # noqa: F401
+)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +181,7 @@ def test_import_alone_enables_the_task(saved, tmp_path):
         f"p = pipeline('translation', model={str(folder)!r})\nprint(json.dumps(p({SOURCES!r}, batch_size=3)))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", **SINGLE_THREAD_ENV}, timeout=300)
     if result.returncode != 0 and "has been removed from transformers" in result.stderr:
         pytest.xfail("vaswani_transformer/__init__.py does not call register_translation_pipeline() yet")
     assert result.returncode == 0, result.stderr
@@ -189,7 +197,8 @@ def test_remote_code_pipeline_equals_generate_without_the_package(exported, save
     result = python_without_package(
         f"""
         import json
-        import transformers
+        import torch
+        torch.set_num_threads(1)
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
         folder = {str(exported)!r}
         sources = {SOURCES!r}

@@ -18,7 +18,14 @@ from vaswani_transformer.inference import (
     translate_lines,
 )
 
-from translation_fixtures import SOURCES, generate_one_by_one, generate_texts, save_tiny_model
+from translation_fixtures import (  # single_thread: autouse fixture, one torch thread
+    SINGLE_THREAD_ENV,
+    SOURCES,
+    generate_one_by_one,
+    generate_texts,
+    save_tiny_model,
+    single_thread,  # noqa: F401
+)
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,14 +53,15 @@ def reference(model, tokenizer, lines, limit=MAX_POSITIONS, **generate_kwargs):
         if len(ids) > limit:
             ids = ids[: limit - 1] + [tokenizer.eos_token_id]
         with torch.no_grad():
-            generated = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                       **generate_kwargs)  # fmt: skip
+            mask = torch.ones(1, len(ids), dtype=torch.long)
+            generated = model.generate(input_ids=torch.tensor([ids]), attention_mask=mask, **generate_kwargs)
         out.append(tokenizer.batch_decode(generated, skip_special_tokens=True)[0])
     return out
 
 
 def run_cli(*args, stdin: bytes | None = None, cwd=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": "ascii"}  # output must be UTF-8 regardless
+    # PYTHONIOENCODING=ascii: the output must be UTF-8 whatever the locale says
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **SINGLE_THREAD_ENV, "PYTHONIOENCODING": "ascii"}
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args), "--no-progress"], input=stdin,
                           capture_output=True, env=env, cwd=cwd, timeout=300)  # fmt: skip
 
@@ -74,7 +82,8 @@ def test_translate_lines_matches_generate_whatever_the_batching(saved, caplog):
 def test_translate_lines_decoding_overrides(saved):
     folder, model, tokenizer = saved
     kwargs = dict(num_beams=2, length_penalty=1.0, max_len_a=0, max_len_b=5)
-    assert translate_lines(model, tokenizer, LINES, max_tokens=30, **kwargs) == reference(model, tokenizer, LINES, **kwargs)
+    expected = reference(model, tokenizer, LINES, **kwargs)
+    assert translate_lines(model, tokenizer, LINES, max_tokens=30, **kwargs) == expected
     # the same as the model's generate for short sources, in one padded batch
     short = [SOURCES[0], SOURCES[2], SOURCES[4]]
     assert translate_lines(model, tokenizer, short, num_beams=1) == generate_texts(model, tokenizer, short, num_beams=1)
@@ -110,7 +119,8 @@ def test_read_input_lines_and_model_folder_checks(tmp_path, saved):
     (broken / "config.json").write_text((folder / "config.json").read_text())
     with pytest.raises(FileNotFoundError, match=r"missing: the weights .*; the tokenizer"):
         check_model_folder(broken)
-    (broken / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors"}}
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
     (broken / "tokenizer.json").write_text((folder / "tokenizer.json").read_text())
     with pytest.raises(FileNotFoundError, match="model-00001-of-00002.safetensors .a weight shard listed"):
         check_model_folder(broken)

@@ -1,5 +1,6 @@
 """Tiny saved translation models for the pipeline, translate and hub tests (built offline in seconds)."""
 
+import pytest
 import torch
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
@@ -15,6 +16,20 @@ SOURCES = [
     "A man is riding a bicycle.", "Two dogs play in the snow near the small house by the river.", "Grüße aus Köln",
     "x", "The cat sleeps.", "Zwei Hunde spielen im Schnee und ein Mann fährt Fahrrad die Straße entlang.",
 ]  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """One torch thread while a test module using these models runs (restored after): on a shared 2-core machine,
+    multi-threaded tiny matrix products wait on each other (~100x slower beam search)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+# Subprocesses (CLIs, Pythons without the package) are told the same through the environment.
+SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def tiny_tokenizer():

@@ -253,13 +253,16 @@ def eval_results_for_card(reports: Sequence[dict], source_lang: str | None, targ
                 metric_name=metric_name, metric_value=round(float(value), 2), metric_config=signature,
                 verified=False,
             ))  # fmt: skip
-            rows.append({"dataset": dataset["name"], "metric": metric_name, "value": float(value), "signature": signature})
+            rows.append(
+                {"dataset": dataset["name"], "metric": metric_name, "value": float(value), "signature": signature}
+            )
         decoding = report.get("decoding") or {}
         fields = decoding.get("generation_config", decoding) if isinstance(decoding, Mapping) else {}
         shown = {k: fields[k] for k in ("num_beams", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b")
                  if k in fields}  # fmt: skip
         if isinstance(decoding, Mapping):
-            shown.update({k: decoding[k] for k in ("num_beams", "length_penalty", "max_len_a", "max_len_b") if k in decoding})
+            explicit = ("num_beams", "length_penalty", "max_len_a", "max_len_b")
+            shown.update({k: decoding[k] for k in explicit if k in decoding})
         if shown:
             decodings.append(", ".join(f"{k}={_format_value(v)}" for k, v in shown.items()))
     decoding_text = "; ".join(dict.fromkeys(decodings)) if decodings else None
@@ -325,9 +328,8 @@ def render_model_card(
     training.setdefault("dropout", config.dropout)
     training_rows = [(label, _format_value(training[key])) for key, label in TRAINING_FIELDS.items() if key in training]
     training_rows += [(key, _format_value(v)) for key, v in training.items() if key not in TRAINING_FIELDS]
-    generation_rows = [(k, _format_value(generation[k])) for k in
-                       ("num_beams", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b", "early_stopping")
-                       if k in generation]  # fmt: skip
+    decoding_fields = ("num_beams", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b", "early_stopping")
+    generation_rows = [(k, _format_value(generation[k])) for k in decoding_fields if k in generation]
     preset_note = {"base": "the paper's base model", "big": "the paper's big model"}.get(
         preset, "Table 3 variant" if preset != "custom" else "not a paper preset"
     )
@@ -419,7 +421,8 @@ def write_repository_extras(
             generation["_from_model_config"] = False
             _write_json(generation_path, generation)
     else:
-        VaswaniGenerationConfig.from_model_config(VaswaniTransformerConfig.from_pretrained(folder)).save_pretrained(folder)
+        model_config = VaswaniTransformerConfig.from_pretrained(folder)
+        VaswaniGenerationConfig.from_model_config(model_config).save_pretrained(folder)
 
     card = render_model_card(
         folder, training_info=training_info, eval_results=reports, source_lang=source_lang, target_lang=target_lang,
@@ -508,7 +511,9 @@ def export_repository(
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()):
         if not overwrite:
-            raise FileExistsError(f"{output_dir} is not empty; choose a new folder or overwrite it (overwrite=True, --overwrite).")
+            raise FileExistsError(
+                f"{output_dir} is not empty; choose a new folder or overwrite it (overwrite=True, --overwrite)."
+            )
         shutil.rmtree(output_dir)
     if isinstance(model, (str, os.PathLike)):
         source = Path(model)
@@ -554,6 +559,8 @@ _VALIDATION_CODE = textwrap.dedent(
 
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+    torch.set_num_threads(1)  # one sentence: threads only contend on a busy machine
 
     folder, sentence, _RESULT_PREFIX = sys.argv[1], sys.argv[2], sys.argv[3]
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)

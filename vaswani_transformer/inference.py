@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"auto": "auto", "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -59,7 +60,9 @@ def check_model_folder(folder: str | os.PathLike) -> None:
             shards = sorted(set(json.loads((folder / index_name).read_text(encoding="utf-8"))["weight_map"].values()))
         except (ValueError, KeyError) as error:
             raise ValueError(f"{folder / index_name}: not a valid weight index ({error}).") from None
-        missing.extend(f"{shard} (a weight shard listed in {index_name})" for shard in shards if not (folder / shard).is_file())
+        missing.extend(
+            f"{shard} (a weight shard listed in {index_name})" for shard in shards if not (folder / shard).is_file()
+        )
     tokenizer_found = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
     if "tokenizer.json" not in tokenizer_found and not any(folder.glob("*.model")) and not any(folder.glob("vocab.*")):
         missing.append("the tokenizer (tokenizer.json; save it with tokenizer.save_pretrained(folder))")
@@ -182,7 +185,8 @@ def translate_lines(
             raise TypeError(f"{source_name} {i + 1} is a {type(line).__name__}, expected a string.")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}.")
-    overrides = {"num_beams": num_beams, "length_penalty": length_penalty, "max_len_a": max_len_a, "max_len_b": max_len_b}
+    overrides = {"num_beams": num_beams, "length_penalty": length_penalty, "max_len_a": max_len_a,
+                 "max_len_b": max_len_b}
     generate_kwargs = {**{k: v for k, v in overrides.items() if v is not None}, **generate_kwargs}
 
     limit = source_length_limit(model.config, max_source_length)
@@ -194,7 +198,8 @@ def translate_lines(
     lengths = [min(len(ids_by_line[i]), max_tokens) for i in indices]  # longer ones end up alone in a batch
     batches = TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches
     model.eval()
-    with torch.inference_mode(), tqdm(total=len(indices), desc="Translating", unit="sent", disable=None if show_progress is None else not show_progress) as bar:
+    disable = None if show_progress is None else not show_progress  # None: a bar only on a terminal
+    with torch.inference_mode(), tqdm(total=len(indices), desc="Translating", unit="sent", disable=disable) as bar:
         for batch in batches:
             rows = [indices[j] for j in batch]
             inputs = tokenizer.pad({"input_ids": [ids_by_line[i] for i in rows]}, return_tensors="pt")

@@ -248,7 +248,8 @@ def _is_vaswani_model(model, config, hub_kwargs: dict) -> bool:
                 from transformers import PreTrainedConfig
 
                 keys = ("revision", "token", "cache_dir", "local_files_only", "subfolder")
-                config_dict, _ = PreTrainedConfig.get_config_dict(path, **{k: hub_kwargs[k] for k in keys if k in hub_kwargs})
+                options = {k: hub_kwargs[k] for k in keys if k in hub_kwargs}
+                config_dict, _ = PreTrainedConfig.get_config_dict(path, **options)
         except (OSError, ValueError):
             return False
         return config_dict.get("model_type") == MODEL_TYPE
@@ -281,7 +282,8 @@ def _translation_pipeline_factory(original):
 
 
 def _init_pipeline_params(kwargs: dict) -> dict:
-    known = ("max_source_length", "strict", "src_lang", "tgt_lang", "return_tensors", *TranslationPipeline._CUSTOM_GENERATION_FIELDS)
+    known = ("max_source_length", "strict", "src_lang", "tgt_lang", "return_tensors",
+             *TranslationPipeline._CUSTOM_GENERATION_FIELDS)
     return {k: kwargs[k] for k in known if k in kwargs}
 
 
@@ -293,8 +295,8 @@ def register_translation_pipeline() -> None:
     1. `PIPELINE_REGISTRY.register_pipeline("vaswani-translation", TranslationPipeline, AutoModelForSeq2SeqLM)`: a new
        task name of our own (transformers' "translation" stays removed).
     2. `transformers.pipeline` (and `transformers.pipelines.pipeline`) become a thin wrapper: when the task is
-       "translation", "translation_XX_to_YY" or not given, and the model (a model object, a folder or a Hub id, judged by the
-       `model_type` in its `config.json`) is a `vaswani_transformer`, it calls transformers' `pipeline` with the task
+       "translation", "translation_XX_to_YY" or not given, and the model (a model object, a folder or a Hub id, judged
+       by the `model_type` in its `config.json`) is a `vaswani_transformer`, it calls transformers' `pipeline` with the task
        "vaswani-translation" and `pipeline_class=TranslationPipeline`; every other call goes to transformers'
        `pipeline` unchanged, with the same arguments.
 

@@ -51,8 +51,10 @@ PIPELINE_FILE = "pipeline.py"
 PIPELINE_CLASS = "TranslationPipeline"
 CODE_FILES = ("configuration_vaswani_transformer.py", "modeling_vaswani_transformer.py", "generation.py")
 # The card template: model_cards/ at the repository root (next to the package in a source checkout or editable
-# install); pass `template_path` to use another one.
-DEFAULT_TEMPLATE = PACKAGE_DIR.parent / "model_cards" / "vaswani_transformer.md"
+# install), else a copy packaged as vaswani_transformer/templates/ (package data); or pass `template_path`.
+TEMPLATE_NAME = "vaswani_transformer.md"
+TEMPLATE_CANDIDATES = (PACKAGE_DIR.parent / "model_cards" / TEMPLATE_NAME, PACKAGE_DIR / "templates" / TEMPLATE_NAME)
+DEFAULT_TEMPLATE = next((p for p in TEMPLATE_CANDIDATES if p.is_file()), TEMPLATE_CANDIDATES[0])
 DEFAULT_VALIDATION_SENTENCE = "A man is riding a bicycle down the street."
 
 # Fields of the training run shown in the card, in this order (whatever is present), with their labels.
@@ -335,7 +337,10 @@ def render_model_card(
     )
     template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
     if not template.is_file():
-        raise FileNotFoundError(f"Model card template {template} not found (pass template_path=...).")
+        raise FileNotFoundError(
+            f"Model card template {template} not found (looked in {', '.join(map(str, TEMPLATE_CANDIDATES))}); "
+            "pass template_path=..."
+        )
     return ModelCard.from_template(
         card_data,
         template_path=str(template),

@@ -265,3 +265,25 @@ def test_learning_curve_and_schedule_plots(tmp_path):
     assert Path(plot_lr_schedule(tmp_path / "lr.png", total_steps=10000)).stat().st_size > 1000
     with pytest.raises(FileNotFoundError, match="No trainer_state.json"):
         learning_curve(tmp_path / "missing")
+
+
+def test_synthetic_tasks(tmp_path):
+    from vaswani_transformer.data import load_parallel_dataset
+    from vaswani_transformer.synthetic import generate_pairs, number_to_words, write_synthetic_task
+
+    assert number_to_words(0) == "zero" and number_to_words(40) == "forty" and number_to_words(99) == "ninety-nine"
+    assert number_to_words(1205) == "one thousand two hundred five"
+    assert number_to_words(300_017) == "three hundred thousand seventeen"
+    assert number_to_words(2_000_001) == "two million one"
+    splits = generate_pairs("reverse", {"train": 300, "test": 50}, seed=1)
+    assert not {s for s, _ in splits["train"]} & {s for s, _ in splits["test"]}
+    for source, target in splits["test"]:
+        assert len(source.split()) == len(target.split()) and target == target.upper()
+    assert generate_pairs("copy", {"a": 5}, seed=2) == generate_pairs("copy", {"a": 5}, seed=2)
+    paths = write_synthetic_task(tmp_path, "numbers", train_size=30, validation_size=5, test_size=5)
+    data = load_parallel_dataset(train_file=paths["train"], test_file=paths["test"], source_lang="num", target_lang="en")
+    assert len(data["train"]) == 30 and number_to_words(int(data["test"][0]["translation"]["num"])) == data["test"][0]["translation"]["en"]
+    with pytest.raises(ValueError, match="Unknown synthetic task 'sort'. Valid tasks: numbers, reverse, copy"):
+        generate_pairs("sort", {"train": 1})
+    with pytest.raises(ValueError, match="only 10 distinct"):
+        generate_pairs("numbers", {"train": 6}, max_number=9)

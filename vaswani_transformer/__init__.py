@@ -1,7 +1,8 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a native Hugging Face model.
 
 Importing the package registers the configuration and models with AutoConfig, AutoModel and
-AutoModelForSeq2SeqLM.
+AutoModelForSeq2SeqLM, and makes `pipeline("translation", model=...)` work for our models (transformers 5 removed that
+task; see `vaswani_transformer.pipeline.register_translation_pipeline`, the one place that touches transformers' globals).
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
@@ -12,12 +13,19 @@ from .configuration_vaswani_transformer import (
     available_presets,
     preset_training_arguments,
 )
+from .generation import (
+    PAPER_GENERATION_DEFAULTS,
+    VaswaniGenerationConfig,
+    gnmt_length_penalty,
+    paper_beam_search,
+)
 from .modeling_vaswani_transformer import (
     VaswaniTransformerForConditionalGeneration,
     VaswaniTransformerModel,
     VaswaniTransformerPreTrainedModel,
     sinusoidal_position_encoding,
 )
+from .pipeline import TranslationPipeline, register_translation_pipeline
 
 __version__ = "0.1.0"
 
@@ -28,14 +36,21 @@ AutoModelForSeq2SeqLM.register(VaswaniTransformerConfig, VaswaniTransformerForCo
 VaswaniTransformerConfig.register_for_auto_class()
 VaswaniTransformerModel.register_for_auto_class("AutoModel")
 VaswaniTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+register_translation_pipeline()
 
 __all__ = [
+    "PAPER_GENERATION_DEFAULTS",
     "PRESETS",
+    "TranslationPipeline",
+    "VaswaniGenerationConfig",
     "VaswaniTransformerConfig",
     "VaswaniTransformerForConditionalGeneration",
     "VaswaniTransformerModel",
     "VaswaniTransformerPreTrainedModel",
     "available_presets",
+    "gnmt_length_penalty",
+    "paper_beam_search",
     "preset_training_arguments",
+    "register_translation_pipeline",
     "sinusoidal_position_encoding",
 ]

@@ -109,6 +109,34 @@ def test_paper_optimizer_and_schedule_against_the_formula(tmp_path):
     assert max(seen, key=seen.get) == 10  # peak at the end of warmup
 
 
+def test_label_smoothed_loss_equals_transformers_label_smoother_and_the_formula(tmp_path):
+    """The trainer's fused loss == transformers' LabelSmoother == (1-eps)*NLL + eps*mean_v(-log p), per real token."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    model = tiny_model().eval()
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    trainer = VaswaniSeq2SeqTrainer(model=model, args=args)
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(4, 50, (3, 7), generator=generator)
+    labels = torch.randint(4, 50, (3, 6), generator=generator)
+    labels[0, 4:] = -100
+    labels[2, 2:] = -100
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
+    with torch.no_grad():
+        loss, outputs = trainer.compute_loss(model, dict(inputs), return_outputs=True)
+        logits = model(input_ids=input_ids, labels=labels).logits
+        reference = LabelSmoother(epsilon=0.1)({"logits": logits}, labels)
+        log_p = torch.log_softmax(logits.double(), -1)
+        real = labels != -100
+        nll = -log_p.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)[real]
+        formula = (0.9 * nll + 0.1 * -log_p.mean(-1)[real]).mean()
+        summed = trainer.compute_loss(model, dict(inputs), num_items_in_batch=torch.tensor(int(real.sum()) * 2))
+    torch.testing.assert_close(outputs.logits, logits)
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
+    assert loss.item() == pytest.approx(formula.item(), rel=1e-5)
+    assert summed.item() == pytest.approx(formula.item() / 2, rel=1e-5)  # normalised by the update's token count
+
+
 def test_gradient_accumulation_from_tokens_per_update():
     assert gradient_accumulation_for(25000, 25000, 1) == 1
     assert gradient_accumulation_for(25000, 3125, 8) == 1  # the paper: 8 GPUs

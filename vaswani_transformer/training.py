@@ -10,9 +10,9 @@ The recipe (section 5.3 and 5.4 of the paper) is the default of :class:`VaswaniT
   :class:`vaswani_transformer.data.TokenBatchSampler`; ``tokens_per_update`` (25000 in the paper: 8 GPUs x ~3k)
   sets ``gradient_accumulation_steps = round(tokens_per_update / (max_tokens_per_batch * num_processes))``.
 
-Loss normalisation: every micro-batch's loss is the mean over its (non-padding) target tokens, and the Trainer
-averages these means over accumulation steps and processes. Batches hold about the same number of tokens, so
-this is close to the per-token mean over the whole update, but not identical to it.
+Loss normalisation: the label-smoothed cross-entropy is summed over the target tokens of the whole update (all
+accumulation steps and all processes: transformers' ``num_items_in_batch``) and divided by their number, so every
+target token weighs the same, as in the paper's token batches (:meth:`VaswaniSeq2SeqTrainer.compute_loss`).
 
 Distributed: each rank builds the sampler with its own ``rank`` (batch ``j`` of an epoch goes to rank
 ``j % num_processes``); the DataLoader is prepared by accelerate for device placement, and the
@@ -490,6 +490,36 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         if shard is not None and getattr(shard, "batch_sampler", None) is self.train_sampler:
             shard.num_processes, shard.process_index = 1, 0
         return loader
+
+    # -- loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Label-smoothed cross-entropy in one fused ``F.cross_entropy(label_smoothing=...)`` call.
+
+        The same value as transformers' ``LabelSmoother`` ((1 - eps) * NLL + eps * mean over the vocabulary of -log p,
+        per non-padding target token; summed and divided by ``num_items_in_batch`` when the Trainer gives it), without
+        materialising the log-probabilities several times: about 5% of a small model's training step on CPU.
+        """
+        if self.label_smoother is None or self.compute_loss_func is not None or "labels" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        if "decoder_input_ids" not in inputs:
+            inputs["decoder_input_ids"] = self.accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(
+                labels
+            )
+        outputs = model(**inputs)
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        summed = torch.nn.functional.cross_entropy(
+            logits.float().flatten(0, 1), labels.to(logits.device).flatten(), ignore_index=-100,
+            label_smoothing=self.label_smoother.epsilon, reduction="sum",
+        )  # fmt: skip
+        if num_items_in_batch is None:
+            loss = summed / (labels != -100).sum().clamp(min=1)
+        else:
+            loss = summed / (num_items_in_batch.to(summed.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
+            if self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs:
+                loss = loss * self.accelerator.num_processes  # as Trainer.compute_loss: DDP averages gradients
+        return (loss, outputs) if return_outputs else loss
 
     # -- guard and counters
     def training_step(self, model, inputs, num_items_in_batch=None):

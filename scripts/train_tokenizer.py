@@ -64,7 +64,7 @@ def main(argv=None):
     parser.add_argument("--model", choices=TOKENIZER_MODELS, default="bpe")
     parser.add_argument("--min-frequency", "--min_frequency", type=int, default=2)
     parser.add_argument("--output-dir", "--output_dir", required=True)
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-progress", "--no_progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     if not args.files and not args.dataset_name and not args.train_file:
         parser.error("give --files, --dataset_name or --train_file")

@@ -17,23 +17,40 @@ from vaswani_transformer.inference import DTYPES, load_model_and_tokenizer, tran
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="Model folder or Hub model id (with its tokenizer).")
+    parser.add_argument(
+        "--model", "--model_name_or_path", required=True, help="Model folder or Hub model id (with its tokenizer)."
+    )
     parser.add_argument("--input", "-i", default="-", help="Input text file, one sentence per line ('-': stdin).")
     parser.add_argument("--output", "-o", default="-", help="Output file ('-': stdout).")
     parser.add_argument("--beam", type=int, default=None, help="Beam size (default: the model's, 4 in the paper).")
     parser.add_argument("--alpha", type=float, default=None, help="Length penalty alpha (default: the model's, 0.6).")
-    parser.add_argument("--max-len-a", type=float, default=None, help="Output limit: a * source length + b (a).")
-    parser.add_argument("--max-len-b", type=float, default=None, help="Output limit: a * source length + b (b).")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="Most source tokens per batch, padding included.")
-    parser.add_argument("--max-source-length", type=int, default=None,
-                        help="Truncate longer sources (with a warning naming the line); see --strict.")
+    parser.add_argument(
+        "--max-len-a", "--max_len_a", type=float, default=None, help="Output limit: a * source length + b (a)."
+    )
+    parser.add_argument(
+        "--max-len-b", "--max_len_b", type=float, default=None, help="Output limit: a * source length + b (b)."
+    )
+    parser.add_argument(
+        "--max-tokens", "--max_tokens", type=int, default=4096, help="Most source tokens per batch, padding included."
+    )
+    parser.add_argument(
+        "--max-source-length",
+        "--max_source_length",
+        type=int,
+        default=None,
+        help="Truncate longer sources (with a warning naming the line); see --strict.",
+    )
     parser.add_argument("--strict", action="store_true", help="Refuse over-long sources instead of truncating them.")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cpu).")
     parser.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="Weights dtype (default: as saved).")
     parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit).")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="Allow the model's own code (not needed for vaswani_transformer models).")
-    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    parser.add_argument(
+        "--trust-remote-code",
+        "--trust_remote_code",
+        action="store_true",
+        help="Allow the model's own code (not needed for vaswani_transformer models).",
+    )
+    parser.add_argument("--no-progress", "--no_progress", action="store_true", help="No progress bar.")
     return parser.parse_args(argv)
 
 
@@ -41,14 +58,25 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         model, tokenizer = load_model_and_tokenizer(
-            args.model, device=args.device, dtype=args.dtype, revision=args.revision,
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            revision=args.revision,
             trust_remote_code=args.trust_remote_code,
         )
         translate_file(
-            model, tokenizer, args.input, args.output,
-            max_tokens=args.max_tokens, num_beams=args.beam, length_penalty=args.alpha,
-            max_len_a=args.max_len_a, max_len_b=args.max_len_b, max_source_length=args.max_source_length,
-            strict=args.strict, show_progress=False if args.no_progress else None,
+            model,
+            tokenizer,
+            args.input,
+            args.output,
+            max_tokens=args.max_tokens,
+            num_beams=args.beam,
+            length_penalty=args.alpha,
+            max_len_a=args.max_len_a,
+            max_len_b=args.max_len_b,
+            max_source_length=args.max_source_length,
+            strict=args.strict,
+            show_progress=False if args.no_progress else None,
         )
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

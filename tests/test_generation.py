@@ -321,6 +321,22 @@ def test_every_sentence_stops_at_its_own_maximum_length(max_len_a, max_len_b):
     assert generated == [int(max_len_a * length + max_len_b) for length in source_lengths]
 
 
+def test_learned_positions_cap_the_length_rule_at_the_decoder_positions():
+    """Table 3 row E: source length + 50 may exceed max_position_embeddings; generation stops at the last position."""
+    torch.manual_seed(0)
+    config = VaswaniTransformerConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, num_heads=4, d_ff=64, dropout=0.0,
+        position_encoding="learned", max_position_embeddings=12,
+    )  # fmt: skip
+    model = VaswaniTransformerForConditionalGeneration(config).eval()
+    inputs = random_sources(11, lengths=(2, 9, 5))
+    sequences = model.generate(**inputs, suppress_tokens=[EOS, PAD])
+    # The decoder reads the start token and 11 generated tokens (12 positions); the 12th generated token is not read.
+    assert [len(tokens) for tokens in hypotheses(sequences)] == [12, 12, 12]
+    with pytest.raises(ValueError, match="learned positions"):  # an explicit longer length still fails clearly
+        model.generate(**inputs, max_new_tokens=20, suppress_tokens=[EOS, PAD])
+
+
 def test_an_explicit_length_overrides_the_rule_and_trainer_kwargs_are_honoured():
     model = tiny_model(0)
     inputs = random_sources(11, lengths=(2, 9, 5))

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .training import TRAINER_STATE_NAME, paper_learning_rate
+from .averaging import TRAINER_STATE_NAME
+from .training import paper_learning_rate
 
 
 def learning_curve(trainer_state: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:

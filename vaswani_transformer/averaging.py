@@ -62,15 +62,25 @@ def find_checkpoints(run_dir: os.PathLike | str) -> list[Path]:
     return sorted(found, key=checkpoint_step)
 
 
-def checkpoint_problem(path: Path) -> str | None:
-    """Why `path` is not a complete checkpoint (None if it looks complete; weights are read later)."""
+def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str | None:
+    """Why `path` is not a complete Trainer checkpoint, or None when it is (weights are read later).
+
+    The Trainer writes `trainer_state.json` last, so a checkpoint whose state file is missing or unreadable was left
+    half-written (a run killed while saving). Averaging needs `model.safetensors`; resuming (`for_resume`) accepts
+    any weights format the Trainer saves and also needs the optimizer and scheduler states.
+    """
+    path = Path(path)
     if not path.is_dir():
         return "not a directory"
-    weights = path / SAFE_WEIGHTS_NAME
-    if not weights.is_file():
-        return f"missing {SAFE_WEIGHTS_NAME}"
-    if weights.stat().st_size == 0:
-        return f"empty {SAFE_WEIGHTS_NAME}"
+    if for_resume:
+        if not any((path / n).is_file() for n in (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_NAME + ".index.json", "pytorch_model.bin")):
+            return "missing model weights"
+    else:
+        weights = path / SAFE_WEIGHTS_NAME
+        if not weights.is_file():
+            return f"missing {SAFE_WEIGHTS_NAME}"
+        if weights.stat().st_size == 0:
+            return f"empty {SAFE_WEIGHTS_NAME}"
     state = path / TRAINER_STATE_NAME
     if not state.is_file():
         return f"missing {TRAINER_STATE_NAME} (checkpoint not finished)"
@@ -78,6 +88,8 @@ def checkpoint_problem(path: Path) -> str | None:
         json.loads(state.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         return f"unreadable {TRAINER_STATE_NAME}: {error}"
+    if for_resume and not (any(path.glob("optimizer*")) and any(path.glob("scheduler*"))):
+        return "missing optimizer or scheduler state"
     return None
 
 

@@ -63,6 +63,7 @@ class VaswaniGenerationConfig(GenerationConfig):
       `int(max_len_a * source_length + max_len_b)` tokens, source_length being its number of non-padding tokens
       (its `</s>` included). Used unless `max_length` or `max_new_tokens` is passed to `generate` (or set in a
       `generation_config` passed to it); set `max_len_b=None` to fall back to the config's own `max_length`.
+      With learned positions (Table 3 row E) the rule is capped at the decoder's `max_position_embeddings`.
     """
 
     @classmethod
@@ -169,6 +170,10 @@ class VaswaniGenerationMixin(GenerationMixin):
                 )
             decoder_input_ids = kwargs.get("decoder_input_ids")
             prompt_length = decoder_input_ids.shape[-1] if decoder_input_ids is not None else 1
+            if getattr(self.config, "position_encoding", None) == "learned":
+                # The decoder reads every token but the last: at most max_position_embeddings + 1 in all.
+                room = self.config.max_position_embeddings + 1 - prompt_length
+                sentence_max_new_tokens = sentence_max_new_tokens.clamp(max=max(room, 1))
             kwargs["max_length"] = prompt_length + int(sentence_max_new_tokens.max())
 
         effective_config, _ = self._prepare_generation_config(generation_config, **kwargs)

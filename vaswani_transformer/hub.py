@@ -541,17 +541,17 @@ def export_repository(
 
 # -------------------------------------------------------------------------------------- validation and push
 
-# Run by `validate_repository` in a fresh interpreter (cwd: an empty temporary folder, no PYTHONPATH): a meta-path
-# finder makes `vaswani_transformer` unimportable even when it is pip-installed (editable or not), so only the files
-# in the folder (trust_remote_code) can provide the model.
-_VALIDATION_CODE = textwrap.dedent(
+# Prepended to code run in a fresh interpreter (cwd: an empty temporary folder, no PYTHONPATH): a meta-path finder
+# makes `vaswani_transformer` unimportable even when it is pip-installed (editable or not), so only the files in a
+# model folder (trust_remote_code) can provide the model. `validate_repository` and the tests use it.
+HIDE_PACKAGE_CODE = textwrap.dedent(
     """
-    import json, sys
+    import sys
 
     class _HidePackage:
         def find_spec(self, name, path=None, target=None):
             if name == "vaswani_transformer" or name.startswith("vaswani_transformer."):
-                raise ModuleNotFoundError(f"No module named {name!r} (hidden for validation)")
+                raise ModuleNotFoundError(f"No module named {name!r} (hidden: only remote code may load the model)")
 
     sys.meta_path.insert(0, _HidePackage())
     sys.path = [p for p in sys.path if p not in ("", ".")]
@@ -560,7 +560,14 @@ _VALIDATION_CODE = textwrap.dedent(
     except ImportError:
         pass
     else:
-        raise SystemExit("vaswani_transformer is importable: the validation would prove nothing")
+        raise SystemExit("vaswani_transformer is importable: the check would prove nothing")
+    """
+)
+
+# Run by `validate_repository`: load the folder with trust_remote_code and translate a sentence two ways.
+_VALIDATION_CODE = HIDE_PACKAGE_CODE + textwrap.dedent(
+    """
+    import json
 
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline

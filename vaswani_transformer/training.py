@@ -54,11 +54,9 @@ from transformers import (
     Seq2SeqTrainingArguments,
     TrainerCallback,
 )
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 logger = logging.getLogger(__name__)
 
-TRAINER_STATE_NAME = "trainer_state.json"
 SUMMARY_NAME = "training_summary.json"
 LR_SCHEDULES = ("paper", "hf")
 
@@ -326,16 +324,11 @@ def parse_config_overrides(text: str | None) -> dict[str, Any]:
 
 
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:
-    """A checkpoint is complete when its ``trainer_state.json`` (written last by the Trainer, after the weights,
-    optimizer, scheduler and RNG states) parses and the weights, optimizer and scheduler files exist."""
-    path = Path(path)
-    try:
-        json.loads((path / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    has_weights = any((path / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
-    has_optimizer = any(path.glob("optimizer*")) and any(path.glob("scheduler*"))
-    return has_weights and has_optimizer
+    """A checkpoint the run can resume from: weights, optimizer, scheduler and a readable ``trainer_state.json``
+    (written last by the Trainer); see :func:`vaswani_transformer.averaging.checkpoint_problem`."""
+    from .averaging import checkpoint_problem
+
+    return checkpoint_problem(path, for_resume=True) is None
 
 
 def find_last_complete_checkpoint(output_dir: str | os.PathLike, quarantine: bool = True) -> str | None:
@@ -345,15 +338,12 @@ def find_last_complete_checkpoint(output_dir: str | os.PathLike, quarantine: boo
     ``incomplete-checkpoint-N.K``) with a warning when ``quarantine`` is true, so the Trainer's own checkpoint
     rotation and later saves never mistake them for real checkpoints.
     """
+    from .averaging import find_checkpoints
+
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return None
-    found = []
-    for p in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
-        suffix = p.name[len(PREFIX_CHECKPOINT_DIR) + 1 :]
-        if p.is_dir() and suffix.isdigit():
-            found.append((int(suffix), p))
-    for _, p in sorted(found, reverse=True):
+    for p in reversed(find_checkpoints(output_dir)):
         if is_complete_checkpoint(p):
             return str(p)
         if quarantine:
@@ -605,9 +595,11 @@ def _resolve_resume(training_args: VaswaniTrainingArguments) -> str | None:
             logger.warning("resume_from_checkpoint=%s: no complete checkpoint in %s; starting from scratch.",
                            value, training_args.output_dir)
         return found
-    if not is_complete_checkpoint(value):
-        raise ValueError(f"resume_from_checkpoint={value!r} is not a complete checkpoint (needs {TRAINER_STATE_NAME}, "
-                         "weights, optimizer and scheduler).")
+    from .averaging import checkpoint_problem
+
+    problem = checkpoint_problem(value, for_resume=True)
+    if problem is not None:
+        raise ValueError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}.")
     return value
 
 
@@ -702,11 +694,9 @@ def _load_model(model_args, tokenizer):
 
 def _average_checkpoints(output_dir: str, n: int) -> str:
     """Average the last ``n`` complete checkpoints of the run into ``output_dir/averaged``."""
-    from .averaging import average_checkpoints
+    from .averaging import average_checkpoints, checkpoint_problem, find_checkpoints
 
-    from .averaging import find_checkpoints
-
-    available = [p for p in find_checkpoints(output_dir) if is_complete_checkpoint(p)]
+    available = [p for p in find_checkpoints(output_dir) if checkpoint_problem(p) is None]
     if not available:
         raise ValueError(f"average_last_checkpoints={n} but {output_dir} has no complete checkpoint.")
     if len(available) < n:

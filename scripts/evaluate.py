@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     try:
         if args.hypotheses:
             check_parallel_text_files(args.hypotheses, args.reference)  # error naming both files and counts
-            hypotheses, references = read_lines(args.hypotheses), read_lines(args.reference)
+            hypotheses, references = read_lines(args.hypotheses, allow_empty=True), read_lines(args.reference)
             report = evaluation_report(
                 hypotheses, references, source_lang=args.source_lang, target_lang=args.target_lang,
                 tokenize=args.tokenize, output_json=args.output_json, hypotheses_file=args.hypotheses,

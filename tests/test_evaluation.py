@@ -347,6 +347,14 @@ def test_cli_reports_bad_input_as_an_error(model_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         script.main(["--hypotheses", "h", "--reference", "r", "--decoding", "beam"])
     assert "--decoding expects KEY=VALUE" in capsys.readouterr().err
+    # An empty translation is a system output like any other (a model may emit </s> at once): scored, not refused.
+    (tmp_path / "hyp.de").write_text("a\n\n", encoding="utf-8")
+    (tmp_path / "ref2.de").write_text("a\nb\n", encoding="utf-8")
+    out = tmp_path / "r.json"
+    assert script.main(["--hypotheses", str(tmp_path / "hyp.de"), "--reference", str(tmp_path / "ref2.de"),
+                        "--target-lang", "de", "--output-json", str(out)]) == 0  # fmt: skip
+    expected = sacrebleu.corpus_bleu(["a", ""], [["a", "b"]]).score
+    assert json.loads(out.read_text())["sacrebleu"] == pytest.approx(expected, abs=1e-12)
 
 
 @pytest.mark.slow

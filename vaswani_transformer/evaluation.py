@@ -120,11 +120,12 @@ def make_compute_metrics(tokenizer, target_lang: str = "", tokenize: str | None 
 # ----------------------------------------------------------------------------------------------- reading text
 
 
-def read_lines(path: PathLike) -> list[str]:
+def read_lines(path: PathLike, allow_empty: bool = False) -> list[str]:
     """The lines of a UTF-8 text file, stripped of surrounding whitespace.
 
     Invalid UTF-8 and empty lines are ValueErrors naming the file and line (a test set with an empty segment
-    is malformed; dropping it would silently change the test set).
+    is malformed; dropping it would silently change the test set). `allow_empty` keeps empty lines: a system's
+    translation may be empty, and scores as such.
     """
     path = Path(path)
     if not path.is_file():
@@ -132,7 +133,7 @@ def read_lines(path: PathLike) -> list[str]:
     lines = []
     for number, text in enumerate(iter_text_files([path]), start=1):
         text = text.strip()
-        if not text:
+        if not text and not allow_empty:
             raise ValueError(f"{path}:{number}: empty line; every test segment needs text.")
         lines.append(text)
     if not lines:

@@ -72,15 +72,14 @@ def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str
     path = Path(path)
     if not path.is_dir():
         return "not a directory"
-    if for_resume:
-        if not any((path / n).is_file() for n in (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_NAME + ".index.json", "pytorch_model.bin")):
-            return "missing model weights"
-    else:
-        weights = path / SAFE_WEIGHTS_NAME
-        if not weights.is_file():
-            return f"missing {SAFE_WEIGHTS_NAME}"
-        if weights.stat().st_size == 0:
-            return f"empty {SAFE_WEIGHTS_NAME}"
+    weight_files = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_NAME + ".index.json", "pytorch_model.bin")
+    if for_resume and not any((path / name).is_file() for name in weight_files):
+        return "missing model weights"
+    weights = path / SAFE_WEIGHTS_NAME
+    if not for_resume and not weights.is_file():
+        return f"missing {SAFE_WEIGHTS_NAME}"
+    if not for_resume and weights.stat().st_size == 0:
+        return f"empty {SAFE_WEIGHTS_NAME}"
     state = path / TRAINER_STATE_NAME
     if not state.is_file():
         return f"missing {TRAINER_STATE_NAME} (checkpoint not finished)"

@@ -55,6 +55,8 @@ from transformers import (
     TrainerCallback,
 )
 
+from .averaging import checkpoint_problem, find_checkpoints
+
 logger = logging.getLogger(__name__)
 
 SUMMARY_NAME = "training_summary.json"
@@ -326,8 +328,6 @@ def parse_config_overrides(text: str | None) -> dict[str, Any]:
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:
     """A checkpoint the run can resume from: weights, optimizer, scheduler and a readable ``trainer_state.json``
     (written last by the Trainer); see :func:`vaswani_transformer.averaging.checkpoint_problem`."""
-    from .averaging import checkpoint_problem
-
     return checkpoint_problem(path, for_resume=True) is None
 
 
@@ -338,8 +338,6 @@ def find_last_complete_checkpoint(output_dir: str | os.PathLike, quarantine: boo
     ``incomplete-checkpoint-N.K``) with a warning when ``quarantine`` is true, so the Trainer's own checkpoint
     rotation and later saves never mistake them for real checkpoints.
     """
-    from .averaging import find_checkpoints
-
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return None
@@ -506,7 +504,9 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         if num_items_in_batch is None:
             loss = summed / (labels != -100).sum().clamp(min=1)
         else:
-            loss = summed / (num_items_in_batch.to(summed.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.to(summed.device)
+            loss = summed / num_items_in_batch
             if self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs:
                 loss = loss * self.accelerator.num_processes  # as Trainer.compute_loss: DDP averages gradients
         return (loss, outputs) if return_outputs else loss
@@ -595,8 +595,6 @@ def _resolve_resume(training_args: VaswaniTrainingArguments) -> str | None:
             logger.warning("resume_from_checkpoint=%s: no complete checkpoint in %s; starting from scratch.",
                            value, training_args.output_dir)
         return found
-    from .averaging import checkpoint_problem
-
     problem = checkpoint_problem(value, for_resume=True)
     if problem is not None:
         raise ValueError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}.")
@@ -694,7 +692,7 @@ def _load_model(model_args, tokenizer):
 
 def _average_checkpoints(output_dir: str, n: int) -> str:
     """Average the last ``n`` complete checkpoints of the run into ``output_dir/averaged``."""
-    from .averaging import average_checkpoints, checkpoint_problem, find_checkpoints
+    from .averaging import average_checkpoints
 
     available = [p for p in find_checkpoints(output_dir) if checkpoint_problem(p) is None]
     if not available:

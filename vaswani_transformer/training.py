@@ -55,7 +55,7 @@ from transformers import (
     TrainerCallback,
 )
 
-from .averaging import checkpoint_problem, find_checkpoints
+from .averaging import average_checkpoints, checkpoint_problem, find_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -692,8 +692,6 @@ def _load_model(model_args, tokenizer):
 
 def _average_checkpoints(output_dir: str, n: int) -> str:
     """Average the last ``n`` complete checkpoints of the run into ``output_dir/averaged``."""
-    from .averaging import average_checkpoints
-
     available = [p for p in find_checkpoints(output_dir) if checkpoint_problem(p) is None]
     if not available:
         raise ValueError(f"average_last_checkpoints={n} but {output_dir} has no complete checkpoint.")

@@ -19,6 +19,7 @@ from vaswani_transformer.training import (
     NonFiniteLossError,
     VaswaniSeq2SeqTrainer,
     VaswaniTrainingArguments,
+    build_optimizer,
     find_last_complete_checkpoint,
     gradient_accumulation_for,
     load_recipe,
@@ -94,7 +95,21 @@ def test_paper_optimizer_and_schedule_against_the_formula(tmp_path):
     assert type(opt) is torch.optim.Adam
     for group in opt.param_groups:
         assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9 and group["weight_decay"] == 0.0
+        assert group["fused"] is True  # the one-pass kernel on CPU
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(trainer.model.parameters()))
+    # the fused kernel makes the same Adam update as PyTorch's reference one-tensor-at-a-time loop
+    fused_params = [torch.nn.Parameter(torch.randn(5, 3, generator=torch.Generator().manual_seed(i))) for i in range(2)]
+    plain_params = [torch.nn.Parameter(p.detach().clone()) for p in fused_params]
+    fused_opt = build_optimizer(torch.nn.ParameterList(fused_params), args)
+    plain_opt = torch.optim.Adam(plain_params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, foreach=False)
+    for step in range(3):
+        for a, b in zip(fused_params, plain_params):
+            a.grad = torch.full_like(a, 0.1 * (step + 1)) + a.detach()
+            b.grad = a.grad.clone()
+        fused_opt.step()
+        plain_opt.step()
+    for a, b in zip(fused_params, plain_params):
+        torch.testing.assert_close(a, b)
 
     def formula(n):  # paper eq. (3) with step_num = n, times the factor
         return 2.0 * 32 ** -0.5 * min(n ** -0.5, n * 10 ** -1.5)
@@ -204,6 +219,7 @@ def test_train_script_loss_falls_and_evaluates(tmp_path):
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["summary"]["updates"] == 40 and summary["summary"]["target_tokens_seen"] > 40 * 20
     assert "test_bleu" in summary["test"] and len(summary["examples"]) == 2
+    assert summary["filtered"]["splits"]["train"]["total"] == 400  # the length filter's report, per split
     assert (out / "averaged" / "model.safetensors").is_file()
     assert "Training summary" in result.stdout and "Test BLEU" in result.stdout
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-40"]

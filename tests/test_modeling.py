@@ -14,6 +14,7 @@ from vaswani_transformer import (
     VaswaniTransformerModel,
     sinusoidal_position_encoding,
 )
+from vaswani_transformer.generation import CACHE_NAME
 
 PAD = 0
 
@@ -199,7 +200,9 @@ def test_padding_invariance():
             torch.testing.assert_close(batched.logits[i, : len(t)], alone, atol=1e-5, rtol=1e-5)
 
 
-def test_incremental_decoding_with_cache_equals_full_forward():
+@pytest.mark.parametrize("cache_argument", ["cache", "past_key_values"])
+def test_incremental_decoding_with_cache_equals_full_forward(cache_argument):
+    """Under either name of the cache argument (transformers >= 5.24: `cache`; before: `past_key_values`)."""
     model = tiny_model()
     source = random_ids(2, 6)
     source_mask = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0]])
@@ -214,12 +217,14 @@ def test_incremental_decoding_with_cache_equals_full_forward():
                 encoder_outputs=encoder_outputs,
                 attention_mask=source_mask,
                 decoder_input_ids=target[:, t : t + 1],
-                past_key_values=cache,
                 use_cache=True,
+                **{cache_argument: cache},
             )
-            cache = out.past_key_values
+            cache = getattr(out, CACHE_NAME)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="not both"):
+        model(encoder_outputs=encoder_outputs, decoder_input_ids=target[:, :1], cache=cache, past_key_values=cache)
 
 
 def test_cross_attention_keys_and_values_are_computed_once_per_source():

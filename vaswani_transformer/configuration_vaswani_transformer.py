@@ -88,7 +88,7 @@ class VaswaniTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "vaswani_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the cache output before / since transformers 5.24
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "num_heads",

@@ -31,6 +31,18 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
 
+# transformers 5.24 renamed the key/value cache, as a model argument and as an output field, from `past_key_values` to
+# `cache`. This package runs under both: CACHE_NAME is the installed version's name, and our models take either.
+CACHE_NAME = "cache" if "cache" in GenerateBeamEncoderDecoderOutput.__dataclass_fields__ else "past_key_values"
+
+
+def either_cache(cache, past_key_values):
+    """The key/value cache given as `cache` (transformers >= 5.24) or as `past_key_values` (earlier), or None."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("Pass the key/value cache once, as `cache` or as `past_key_values`, not both.")
+    return past_key_values if cache is None else cache
+
+
 # The paper's decoding (Section 6.1). The names of the custom fields are those of the CLI (--beam --alpha
 # --max-len-a --max-len-b) and of fairseq's `max_len_a * source length + max_len_b` rule.
 PAPER_GENERATION_DEFAULTS = {
@@ -219,7 +231,7 @@ def _default_synced_gpus(model) -> bool:
     return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
 
 
-_SUPPORTED_MODEL_KWARGS = {"encoder_outputs", "attention_mask", "past_key_values", "use_cache"}
+_SUPPORTED_MODEL_KWARGS = {"encoder_outputs", "attention_mask", CACHE_NAME, "use_cache"}
 # Logits processors and stopping criteria that look at each row on its own: finished sentences can leave the batch.
 # Others (e.g. prefix_allowed_tokens_fn, encoder_repetition_penalty) index rows by sentence: the batch stays whole.
 _ROW_INDEPENDENT = {
@@ -313,7 +325,7 @@ def paper_beam_search(
     encoder_outputs = model_kwargs["encoder_outputs"]
     encoder_states = encoder_outputs.last_hidden_state
     attention_mask = model_kwargs.get("attention_mask")
-    cache = model_kwargs.get("past_key_values") if use_cache else None
+    cache = model_kwargs.get(CACHE_NAME) if use_cache else None
     rows_independent = all(type(item).__name__ in _ROW_INDEPENDENT for item in [*logits_processor, *stopping_criteria])
     drop_finished = not paper_synced_gpus and rows_independent and (
         cache is None
@@ -352,8 +364,8 @@ def paper_beam_search(
             encoder_outputs=(encoder_states,),
             attention_mask=attention_mask,
             decoder_input_ids=decoder_input_ids,
-            past_key_values=cache,
             use_cache=use_cache,
+            **{CACHE_NAME: cache},
             return_dict=True,
         )
         step += 1
@@ -485,7 +497,6 @@ def paper_beam_search(
         beam_indices=beam_indices,
         encoder_attentions=encoder_output.get("attentions") if generation_config.output_attentions else None,
         encoder_hidden_states=encoder_output.get("hidden_states") if generation_config.output_hidden_states else None,
-        past_key_values=None,
     )
 
 

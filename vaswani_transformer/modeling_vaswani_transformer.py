@@ -29,7 +29,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
-from .generation import VaswaniGenerationConfig, VaswaniGenerationMixin
+from .generation import CACHE_NAME, VaswaniGenerationConfig, VaswaniGenerationMixin, either_cache
 
 
 # 3.5 Positional encoding ---------------------------------------------------------------------------------------------
@@ -146,26 +146,26 @@ class MultiHeadAttention(nn.Module):
         hidden_states: torch.Tensor,
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         is_cross_attention = key_value_states is not None
         query = self._heads(self.q_proj(hidden_states), self.d_k)
 
-        cache = past_key_values
-        if isinstance(past_key_values, EncoderDecoderCache):
-            cache = past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
-        if is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+        layer_cache = cache
+        if isinstance(cache, EncoderDecoderCache):
+            layer_cache = cache.cross_attention_cache if is_cross_attention else cache.self_attention_cache
+        if is_cross_attention and layer_cache is not None and cache.is_updated.get(self.layer_idx):
             # The source sentence does not change while decoding: its keys and values are computed once.
-            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            key, value = layer_cache.layers[self.layer_idx].keys, layer_cache.layers[self.layer_idx].values
         else:
             source = key_value_states if is_cross_attention else hidden_states
             key = self._heads(self.k_proj(source), self.d_k)
             value = self._heads(self.v_proj(source), self.d_v)
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)
+            if layer_cache is not None:
+                key, value = layer_cache.update(key, value, self.layer_idx)
                 if is_cross_attention:
-                    past_key_values.is_updated[self.layer_idx] = True
+                    cache.is_updated[self.layer_idx] = True
 
         attention_interface: Callable = eager_attention_forward
         implementation = self.config._attn_implementation
@@ -251,18 +251,16 @@ class DecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None,
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        attended, _ = self.self_attn(
-            hidden_states, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs
-        )
+        attended, _ = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
         hidden_states = self.self_attn_residual(hidden_states, attended)
         attended, _ = self.encoder_attn(
             hidden_states,
             key_value_states=encoder_hidden_states,
             attention_mask=encoder_attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             **kwargs,
         )
         hidden_states = self.encoder_attn_residual(hidden_states, attended)
@@ -382,33 +380,33 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
         attention_mask=None,
         encoder_hidden_states=None,
         encoder_attention_mask=None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds=None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
         self._check_token_ids(input_ids, "decoder_input_ids")
+        cache = either_cache(cache, past_key_values)
+        if self.gradient_checkpointing and self.training:
+            cache = None  # the backward pass replays every layer, which would write the cache twice
         # Weights are returned through the eager path, which needs explicit masks (no is_causal shortcut).
         output_attentions = kwargs.get("output_attentions", False)
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = cache.get_seq_length() if cache is not None else 0
 
         hidden_states = self.embedding(input_ids, inputs_embeds, offset=past_length)
-        self_attention_cache = (
-            past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else None
-        )
+        positions = torch.arange(past_length, past_length + hidden_states.shape[1], device=hidden_states.device)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=hidden_states,
             attention_mask=attention_mask,
-            past_key_values=self_attention_cache,
-            position_ids=torch.arange(past_length, past_length + hidden_states.shape[1], device=hidden_states.device)[
-                None
-            ],
+            position_ids=positions[None],
             allow_is_causal_skip=not output_attentions,
+            **{CACHE_NAME: cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else None},
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -423,11 +421,11 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
                 causal_mask,
                 encoder_hidden_states,
                 encoder_attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
+            last_hidden_state=hidden_states, **{CACHE_NAME: cache if use_cache else None}
         )
 
 
@@ -476,10 +474,11 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
         decoder_input_ids=None,
         decoder_attention_mask=None,
         encoder_outputs=None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds=None,
         decoder_inputs_embeds=None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
         if encoder_outputs is None:
@@ -497,14 +496,14 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=either_cache(cache, past_key_values),
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -551,11 +550,12 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         decoder_input_ids=None,
         decoder_attention_mask=None,
         encoder_outputs=None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds=None,
         decoder_inputs_embeds=None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         if labels is not None:
@@ -568,7 +568,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=either_cache(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -583,7 +583,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

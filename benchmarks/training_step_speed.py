@@ -2,7 +2,9 @@
 
 Both models get the same random batch (sources and targets of the given lengths, no padding), the same
 optimizer (Adam) and the same loss (label-smoothed cross-entropy 0.1 computed from the logits, as Seq2SeqTrainer
-does); we time forward + backward + optimizer step, in fp32 and (where the CPU has native bf16) under bf16 autocast.
+does); we time forward + backward + optimizer step, in fp32 and (where the CPU has native bf16) under bf16 autocast,
+with each model's default attention (SDPA) and with eager attention: PyTorch's CPU SDPA backward is several times
+slower in bf16 than in fp32, so on a CPU bf16 pays only with eager attention (`--attn_implementation eager`).
 
     python benchmarks/training_step_speed.py --d-model 256 --layers 3 --heads 4 --d-ff 1024 --vocab 8000
 """
@@ -16,7 +18,7 @@ from transformers import MarianConfig, MarianMTModel
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 
 
-def build(kind: str, args) -> torch.nn.Module:
+def build(kind: str, args, attention: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "marian":
         config = MarianConfig(
@@ -25,11 +27,13 @@ def build(kind: str, args) -> torch.nn.Module:
             decoder_ffn_dim=args.d_ff, activation_function="relu", scale_embedding=True, dropout=0.1,
             max_position_embeddings=512, pad_token_id=0, decoder_start_token_id=1, eos_token_id=2,
         )  # fmt: skip
+        config._attn_implementation = attention
         return MarianMTModel(config)
     config = VaswaniTransformerConfig(
         vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers,
         num_heads=args.heads, d_ff=args.d_ff,
     )  # fmt: skip
+    config._attn_implementation = attention
     return VaswaniTransformerForConditionalGeneration(config)
 
 
@@ -77,15 +81,16 @@ def main():
     print(f"batch {args.batch} x {args.length} tokens per side, d_model {args.d_model}, {args.layers}+{args.layers} layers, "
           f"h {args.heads}, d_ff {args.d_ff}, vocab {args.vocab}, torch threads {torch.get_num_threads()}, "
           f"CPU {capability}{'' if with_bf16 else ' (bf16 skipped: emulated on this CPU, far slower than fp32)'}")
-    print(f"| model | precision | ms / step | target tokens / s | speed-up vs Marian fp32 |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| model | precision | attention | ms / step | target tokens / s | speed-up vs Marian fp32 sdpa |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    settings = [(False, "sdpa"), (False, "eager")] + ([(True, "sdpa"), (True, "eager")] if with_bf16 else [])
     reference = None
-    for bf16 in (False, True) if with_bf16 else (False,):
+    for bf16, attention in settings:
         for kind in ("marian", "vaswani"):
-            seconds = time_steps(build(kind, args), batch, args.steps, bf16)
+            seconds = time_steps(build(kind, args, attention), batch, args.steps, bf16)
             reference = reference or seconds
-            print(f"| {kind} | {'bf16 autocast' if bf16 else 'fp32'} | {seconds * 1000:.0f} | {tokens / seconds:,.0f} | "
-                  f"{reference / seconds:.2f}x |")
+            print(f"| {kind} | {'bf16 autocast' if bf16 else 'fp32'} | {attention} | {seconds * 1000:.0f} | "
+                  f"{tokens / seconds:,.0f} | {reference / seconds:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -225,6 +225,29 @@ def test_train_script_loss_falls_and_evaluates(tmp_path):
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-40"]
 
 
+class _RecordModel(TrainerCallback):
+    """Keeps what the Trainer trains: its attention kernel and whether its steps run under bf16 autocast."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.kernel = model.config._attn_implementation
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.bf16 = args.bf16
+
+
+def test_attn_implementation_picks_the_training_kernel_and_is_not_saved(tmp_path):
+    """--attn_implementation eager (the fast kernel for bf16 on CPU) trains; the saved model loads with the default."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out, record = tmp_path / "out", _RecordModel()
+    main(tiny_args(data, out, "--max_steps", "3", "--bf16", "true", "--attn_implementation", "eager"), callbacks=[record])
+    assert (record.kernel, record.bf16) == ("eager", True)
+    assert all(torch.isfinite(torch.tensor(v)) for v in losses(out / "trainer_state.json").values())
+    assert "_attn_implementation" not in json.loads((out / "config.json").read_text())
+    assert AutoModelForSeq2SeqLM.from_pretrained(out).config._attn_implementation == "sdpa"
+
+
 class _PoisonWeights(TrainerCallback):
     """Fault injection: make the weights NaN just before update `at + 1` (after checkpoint `at` was saved)."""
 

@@ -144,6 +144,14 @@ class ModelArguments:
     )
     tokenizer_vocab_size: int = field(default=37000, metadata={"help": "Size of a newly trained shared vocabulary."})
     tokenizer_model: str = field(default="bpe", metadata={"help": "bpe (paper EN-DE) or wordpiece (paper EN-FR)."})
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Attention kernel for training: sdpa (default), eager, flash_attention_2 or flex_attention. With "
+            "--bf16 on a CPU try eager: on an AVX-512 BF16 CPU, PyTorch's SDPA backward was several times slower in "
+            "bf16 than in fp32 (benchmarks/training_step_speed.py compares them). The saved model keeps the default."
+        },
+    )
     cache_dir: str | None = field(default=None, metadata={"help": "datasets/transformers cache folder."})
 
 
@@ -675,21 +683,23 @@ def _load_model(model_args, tokenizer):
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     from .configuration_vaswani_transformer import VaswaniTransformerConfig
-    from .modeling_vaswani_transformer import VaswaniTransformerForConditionalGeneration
     from .tokenization import config_kwargs_from_tokenizer
 
     overrides = parse_config_overrides(model_args.config_overrides)
+    kernel = {} if model_args.attn_implementation is None else {"attn_implementation": model_args.attn_implementation}
     if model_args.model_name_or_path is not None:
         if overrides:
             raise ValueError("config_overrides only applies to a new model, not to --model_name_or_path.")
-        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+        return AutoModelForSeq2SeqLM.from_pretrained(
+            model_args.model_name_or_path, cache_dir=model_args.cache_dir, **kernel
+        )
     if model_args.config_name is not None:
         config = AutoConfig.from_pretrained(model_args.config_name, cache_dir=model_args.cache_dir, **overrides)
     else:
         config = VaswaniTransformerConfig.from_preset(
             model_args.preset, **{**config_kwargs_from_tokenizer(tokenizer), **overrides}
         )
-    return VaswaniTransformerForConditionalGeneration(config)
+    return AutoModelForSeq2SeqLM.from_config(config, **kernel)
 
 
 def _average_checkpoints(output_dir: str, n: int) -> str:

@@ -5,6 +5,8 @@ optimizer (Adam) and the same loss (label-smoothed cross-entropy 0.1 computed fr
 does); we time forward + backward + optimizer step, in fp32 and (where the CPU has native bf16) under bf16 autocast,
 with each model's default attention (SDPA) and with eager attention: PyTorch's CPU SDPA backward is several times
 slower in bf16 than in fp32, so on a CPU bf16 pays only with eager attention (`--attn_implementation eager`).
+Each setting runs first with glibc's default allocator, then with freed memory kept in the process, as
+`scripts/train.py` does on a CPU (`keep_freed_cpu_memory`).
 
     python benchmarks/training_step_speed.py --d-model 256 --layers 3 --heads 4 --d-ff 1024 --vocab 8000
 """
@@ -16,6 +18,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
+from vaswani_transformer.training import keep_freed_cpu_memory
 
 
 def build(kind: str, args, attention: str) -> torch.nn.Module:
@@ -81,16 +84,21 @@ def main():
     print(f"batch {args.batch} x {args.length} tokens per side, d_model {args.d_model}, {args.layers}+{args.layers} layers, "
           f"h {args.heads}, d_ff {args.d_ff}, vocab {args.vocab}, torch threads {torch.get_num_threads()}, "
           f"CPU {capability}{'' if with_bf16 else ' (bf16 skipped: emulated on this CPU, far slower than fp32)'}")
-    print("| model | precision | attention | ms / step | target tokens / s | speed-up vs Marian fp32 sdpa |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| model | precision | attention | CPU memory | ms / step | target tokens / s | speed-up vs first row |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     settings = [(False, "sdpa"), (False, "eager")] + ([(True, "sdpa"), (True, "eager")] if with_bf16 else [])
     reference = None
-    for bf16, attention in settings:
-        for kind in ("marian", "vaswani"):
-            seconds = time_steps(build(kind, args, attention), batch, args.steps, bf16)
-            reference = reference or seconds
-            print(f"| {kind} | {'bf16 autocast' if bf16 else 'fp32'} | {attention} | {seconds * 1000:.0f} | "
-                  f"{tokens / seconds:,.0f} | {reference / seconds:.2f}x |")
+    # glibc's default allocator first, then freed memory kept in the process as train.py does on CPU (for the rest
+    # of this process: the setting cannot be undone).
+    for memory in ("glibc default", "kept (train.py)"):
+        if memory != "glibc default" and not keep_freed_cpu_memory():
+            break
+        for bf16, attention in settings:
+            for kind in ("marian", "vaswani"):
+                seconds = time_steps(build(kind, args, attention), batch, args.steps, bf16)
+                reference = reference or seconds
+                print(f"| {kind} | {'bf16 autocast' if bf16 else 'fp32'} | {attention} | {memory} | "
+                      f"{seconds * 1000:.0f} | {tokens / seconds:,.0f} | {reference / seconds:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -122,6 +122,32 @@ def gradient_accumulation_for(tokens_per_update: int, max_tokens_per_batch: int,
     return max(1, round(tokens_per_update / (max_tokens_per_batch * num_processes)))
 
 
+# ------------------------------------------------------------------------------------------------ CPU memory
+
+# glibc's mallopt parameters (malloc.h) and the value set for both: 1 GiB.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _KEEP_BYTES = -1, -3, 1 << 30
+
+
+def keep_freed_cpu_memory() -> bool:
+    """Make glibc's malloc keep freed blocks of up to 1 GiB in the process instead of returning them to the OS.
+
+    Every training step allocates and frees the same large tensors (a batch's logits are 32 MB at 1k tokens x 8k
+    vocabulary). By default glibc serves blocks over 32 MB with mmap and unmaps them when freed, and returns the top
+    of the heap past 128 kB, so every step faults fresh zeroed pages back in: 10-18% of the Multi30k CPU recipe's
+    training step on a 2-core AMD EPYC, with token batches of varying shapes. The cost is memory the process keeps
+    between steps (about one step's peak). Returns False where the C library has no ``mallopt`` (not glibc).
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, TypeError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES))
+
+
 # ------------------------------------------------------------------------------------------------ arguments
 
 
@@ -220,6 +246,11 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
     report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Loggers (tensorboard)."})
     logging_first_step: bool = field(default=True, metadata={"help": "Log the first update."})
+    keep_freed_cpu_memory: bool = field(
+        default=True,
+        metadata={"help": "Training on CPU: keep freed memory in the process (glibc malloc) instead of returning it "
+                  "to the OS every step; 10-18% faster steps for small models (see keep_freed_cpu_memory)."},
+    )
 
     def __post_init__(self):
         if self.lr_schedule not in LR_SCHEDULES:
@@ -740,6 +771,8 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                     data_args.tokens_per_update, data_args.max_tokens_per_batch, training_args.world_size,
                     training_args.gradient_accumulation_steps)
     resume = _resolve_resume(training_args) if training_args.do_train else None
+    if training_args.keep_freed_cpu_memory and training_args.device.type == "cpu" and keep_freed_cpu_memory():
+        logger.info("Training on CPU: freed memory stays in the process (glibc mallopt, keep_freed_cpu_memory).")
 
     with training_args.main_process_first(desc="preparing the data"):
         raw = _prepare_data(model_args, data_args, training_args)

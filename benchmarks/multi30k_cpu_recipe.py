@@ -7,7 +7,7 @@
 Runs `scripts/train.py configs/multi30k_cpu.yaml` in a subprocess (so the training is exactly the documented
 command), then prints a table: updates, tokens, wall time, throughput and sacreBLEU / chrF on test_2016_flickr
 (beam 4, alpha 0.6: the model's default generation config, on the average of the recipe's last 8 checkpoints),
-and writes a learning-curve plot next to the run. Target: sacreBLEU >= 36.5 (HF MarianMT of the same size, 25 minutes,
+and validation sacreBLEU (the set to choose settings on), and writes a learning-curve plot next to the run. Target: sacreBLEU >= 36.5 (HF MarianMT of the same size, 25 minutes,
 standard recipe: 33.6). Needs ../shared/data/multi30k (relative to the repository root).
 """
 
@@ -21,6 +21,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+
+def validation_scores(recipe: Path, model_dir: Path) -> str:
+    """sacreBLEU (chrF) of the averaged model on the recipe's validation files: the set to choose settings on."""
+    from vaswani_transformer.evaluation import evaluate_model
+    from vaswani_transformer.training import load_recipe
+
+    values = load_recipe(recipe)
+    prefix = REPO / values["validation_file"]
+    if not model_dir.is_dir():
+        return "no averaged model"
+    source, target = values["source_lang"], values["target_lang"]
+    report = evaluate_model(model_dir, f"{prefix}.{source}", f"{prefix}.{target}", source_lang=source, target_lang=target)
+    return f"{report['sacrebleu']:.2f} ({report['chrf']:.2f})"
 
 
 def main() -> None:
@@ -43,6 +57,7 @@ def main() -> None:
 
     result = json.loads((REPO / out / "training_summary.json").read_text())
     summary, test = result.get("summary", {}), result.get("test", {})
+    validation = validation_scores(REPO / args.recipe, REPO / out / "averaged")
     from vaswani_transformer.analysis import plot_learning_curve
 
     plot = plot_learning_curve(
@@ -57,6 +72,7 @@ def main() -> None:
         ("training wall time (s)", summary.get("wall_time_seconds")),
         ("target tokens / s", summary.get("target_tokens_per_second")),
         ("averaged checkpoints", "yes" if result.get("averaged_model") else "no"),
+        ("validation sacreBLEU (chrF)", validation),
         ("test_2016_flickr sacreBLEU", round(test.get("test_bleu", float("nan")), 2)),
         ("test_2016_flickr chrF", round(test.get("test_chrf", float("nan")), 2)),
         ("target (sacreBLEU)", ">= 36.5"),

@@ -288,6 +288,17 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     torch.testing.assert_close(grads[0], grads[1])
 
 
+def test_gradient_checkpointing_in_training_leaves_a_given_cache_alone():
+    """The backward pass replays each layer, which would write a cache twice: in training none is used."""
+    model = tiny_model().train()
+    model.activation_checkpointing_enable()
+    source, target = random_ids(2, 6), random_ids(2, 5, seed=2)
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    out = model(input_ids=source, decoder_input_ids=target, cache=cache, use_cache=True)
+    out.logits.sum().backward()
+    assert cache.get_seq_length() == 0 and getattr(out, CACHE_NAME) is None
+
+
 def test_token_id_outside_vocabulary_is_a_clear_error():
     model = tiny_model()
     with pytest.raises(ValueError, match="input_ids contains token id 57, outside the vocabulary of size 50"):

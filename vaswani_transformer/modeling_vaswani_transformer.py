@@ -391,7 +391,7 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
         self._check_token_ids(input_ids, "decoder_input_ids")
         cache = either_cache(cache, past_key_values)
         if self.gradient_checkpointing and self.training:
-            cache = None  # the backward pass replays every layer, which would write the cache twice
+            cache, use_cache = None, False  # the backward pass replays every layer, which would write a cache twice
         # Weights are returned through the eager path, which needs explicit masks (no is_causal shortcut).
         output_attentions = kwargs.get("output_attentions", False)
         if use_cache and cache is None:

@@ -7,8 +7,9 @@
 Runs `scripts/train.py configs/multi30k_cpu.yaml` in a subprocess (so the training is exactly the documented
 command), then prints a table: updates, tokens, wall time, throughput and sacreBLEU / chrF on test_2016_flickr
 (beam 4, alpha 0.6: the model's default generation config, on the average of the recipe's last 8 checkpoints),
-and validation sacreBLEU (the set to choose settings on), and writes a learning-curve plot next to the run. Target: sacreBLEU >= 36.5 (HF MarianMT of the same size, 25 minutes,
-standard recipe: 33.6). Needs ../shared/data/multi30k (relative to the repository root).
+and validation sacreBLEU (the set to choose settings on), and writes a learning-curve plot next to the run. Target:
+sacreBLEU >= 36.5 (HF MarianMT of the same size, 25 minutes, standard recipe: 33.6). Needs ../shared/data/multi30k
+(relative to the repository root).
 """
 
 import argparse

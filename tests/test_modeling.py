@@ -1,11 +1,14 @@
 """The model against the paper's equations and against independent float64 references."""
 
 import math
+import warnings
 
 import pytest
 import torch
-from transformers import AutoModel, AutoModelForSeq2SeqLM
+from safetensors.torch import load_file, save_file
+from transformers import AttentionInterface, AutoModel, AutoModelForSeq2SeqLM, CompileConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_outputs import Seq2SeqModelOutput
 
 from vaswani_transformer import (
@@ -14,7 +17,6 @@ from vaswani_transformer import (
     VaswaniTransformerModel,
     sinusoidal_position_encoding,
 )
-from vaswani_transformer.generation import CACHE_NAME
 
 PAD = 0
 
@@ -200,9 +202,7 @@ def test_padding_invariance():
             torch.testing.assert_close(batched.logits[i, : len(t)], alone, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("cache_argument", ["cache", "past_key_values"])
-def test_incremental_decoding_with_cache_equals_full_forward(cache_argument):
-    """Under either name of the cache argument (transformers >= 5.24: `cache`; before: `past_key_values`)."""
+def test_incremental_decoding_with_cache_equals_full_forward():
     model = tiny_model()
     source = random_ids(2, 6)
     source_mask = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0]])
@@ -218,13 +218,67 @@ def test_incremental_decoding_with_cache_equals_full_forward(cache_argument):
                 attention_mask=source_mask,
                 decoder_input_ids=target[:, t : t + 1],
                 use_cache=True,
-                **{cache_argument: cache},
+                cache=cache,
             )
-            cache = getattr(out, CACHE_NAME)
+            cache = out.cache
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="not both"):
-        model(encoder_outputs=encoder_outputs, decoder_input_ids=target[:, :1], cache=cache, past_key_values=cache)
+
+
+def test_old_cache_argument_name_warns_and_is_used_as_cache():
+    """`past_key_values=` (the name before transformers 5.24) works with a FutureWarning, as in transformers' models."""
+    model = tiny_model()
+    source, target = random_ids(2, 6), random_ids(2, 3, seed=5)
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=source)
+        prefix = dict(encoder_outputs=encoder_outputs, decoder_input_ids=target[:, :2], use_cache=True)
+        step = dict(encoder_outputs=encoder_outputs, decoder_input_ids=target[:, 2:], use_cache=True)
+        expected = model(**step, cache=model(**prefix).cache).logits
+        for forward in (model, model.model):
+            with pytest.warns(FutureWarning, match="`past_key_values` is deprecated .* Use `cache` instead"):
+                old_name = forward(**step, past_key_values=model(**prefix).cache)
+            logits = model.lm_head(old_name.last_hidden_state) if forward is model.model else old_name.logits
+            torch.testing.assert_close(logits, expected)
+            assert old_name.cache.get_seq_length() == 3
+        decoder = model.get_decoder()
+        with pytest.warns(FutureWarning, match="past_key_values"):
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            decoder(input_ids=target, encoder_hidden_states=encoder_outputs[0], past_key_values=cache, use_cache=True)
+        assert cache.get_seq_length() == 3
+        # Both names: the new one is used (the old one ignored), with a warning saying so.
+        with pytest.warns(FutureWarning, match="Both `past_key_values` and `cache` are set"):
+            ignored = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            both = model(**step, cache=model(**prefix).cache, past_key_values=ignored)
+        torch.testing.assert_close(both.logits, expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(**step, cache=model(**prefix).cache)  # the new name: no warning
+
+
+@pytest.mark.parametrize("position_encoding", ["sinusoidal", "learned"])
+def test_static_cache_greedy_generate_compiles_as_one_graph_and_equals_dynamic_cache(position_encoding):
+    """`_can_compile_fullgraph`: transformers compiles the decoding step with fullgraph=True over a static cache."""
+    model = tiny_model(position_encoding=position_encoding)
+    source = random_ids(2, 6, seed=3)
+    kwargs = dict(num_beams=1, do_sample=False, max_new_tokens=8, min_new_tokens=8)
+    kwargs.update(return_dict_in_generate=True, output_logits=True)
+    expected = model.generate(input_ids=source, **kwargs)
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compile_config = CompileConfig(fullgraph=True, backend=recording_backend, mode=None)
+    compile_config._compile_all_devices = True  # transformers compiles only on accelerators unless told so
+    torch._dynamo.reset()
+    compiled = model.generate(
+        input_ids=source, cache_implementation="static", compile_config=compile_config, **kwargs
+    )
+    assert graphs, "generate did not compile the decoding step"
+    assert torch.equal(compiled.sequences, expected.sequences)
+    # Every step's logits, so that a wrong position (the decoder's offset in the static cache) cannot go unseen.
+    torch.testing.assert_close(torch.stack(compiled.logits), torch.stack(expected.logits), atol=1e-5, rtol=1e-5)
 
 
 def test_cross_attention_keys_and_values_are_computed_once_per_source():
@@ -256,6 +310,34 @@ def test_eager_and_sdpa_agree(tmp_path):
         a = eager(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
         b = sdpa(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_set_attn_implementation_switches_the_kernel():
+    """`set_attn_implementation` after loading switches every attention layer, to eager or a registered kernel."""
+    model = tiny_model()
+    source, target = random_ids(2, 7), random_ids(2, 4, seed=2)
+    with torch.no_grad():
+        sdpa = model(input_ids=source, decoder_input_ids=target).logits
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager"
+    calls = []
+
+    def recording_eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        calls.append(type(module).__name__)
+        scores = query @ key.transpose(2, 3) * scaling
+        if attention_mask is not None:
+            boolean = attention_mask.dtype == torch.bool
+            scores = scores.masked_fill(~attention_mask, -math.inf) if boolean else scores + attention_mask
+        weights = scores.softmax(-1)
+        return (weights @ value).transpose(1, 2).contiguous(), weights
+
+    AttentionInterface.register("vaswani_test_recording", recording_eager)
+    AttentionMaskInterface.register("vaswani_test_recording", ALL_MASK_ATTENTION_FUNCTIONS["eager"])
+    model.set_attn_implementation("vaswani_test_recording")
+    with torch.no_grad():
+        recorded = model(input_ids=source, decoder_input_ids=target).logits
+    assert len(calls) == 2 + 2 * 2  # encoder self-attention, decoder self- and cross-attention, per layer
+    torch.testing.assert_close(recorded, sdpa, atol=1e-5, rtol=1e-5)
 
 
 def test_sdpa_is_the_default():
@@ -296,7 +378,7 @@ def test_gradient_checkpointing_in_training_leaves_a_given_cache_alone():
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
     out = model(input_ids=source, decoder_input_ids=target, cache=cache, use_cache=True)
     out.logits.sum().backward()
-    assert cache.get_seq_length() == 0 and getattr(out, CACHE_NAME) is None
+    assert cache.get_seq_length() == 0 and out.cache is None
 
 
 def test_token_id_outside_vocabulary_is_a_clear_error():
@@ -344,6 +426,52 @@ def test_tying_survives_save_load_resize_and_a_training_step(tmp_path):
     optimizer.step()
     assert_three_way_tied(loaded)
     assert not torch.allclose(loaded.model.shared.weight[:50], model.model.shared.weight)
+
+
+@pytest.mark.parametrize(
+    "model_class, prefix", [(VaswaniTransformerForConditionalGeneration, "model."), (VaswaniTransformerModel, "")]
+)
+def test_checkpoint_without_the_shared_embedding_reports_it_missing(tmp_path, model_class, prefix):
+    """A missing `shared.weight` is reported missing and freshly initialised, never left on the meta device."""
+    torch.manual_seed(0)
+    model_class(tiny_config()).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights[f"{prefix}shared.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded, info = model_class.from_pretrained(tmp_path, output_loading_info=True)
+    assert f"{prefix}shared.weight" in info["missing_keys"]
+    assert not [name for name, p in loaded.named_parameters() if p.device.type == "meta"]
+    shared = loaded.get_input_embeddings().weight
+    assert loaded.get_decoder().get_input_embeddings().weight is shared
+    assert shared.std().item() == pytest.approx(32**-0.5, rel=0.2) and torch.all(shared[PAD] == 0)
+
+
+def test_checkpoint_layout_is_one_shared_matrix_and_old_folders_load(tmp_path):
+    """Saved: `model.shared.weight` only (as before); a folder holding all four names (tied) loads tied too."""
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "new")
+    names = set(load_file(tmp_path / "new" / "model.safetensors"))
+    embedding_names = {n for n in names if "embed_tokens" in n or "shared" in n or "lm_head" in n}
+    assert embedding_names == {"model.shared.weight"}
+    # Layer names of the earlier releases, written out here so that a renamed parameter fails this test.
+    assert "model.encoder.layers.0.self_attn.q_proj.weight" in names
+    assert "model.decoder.layers.1.encoder_attn.o_proj.bias" in names
+    assert "model.decoder.layers.1.feed_forward_residual.layer_norm.weight" in names
+    # Old folders may hold the tied copies too (e.g. weights written from a full state dict).
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new" / "config.json").rename(tmp_path / "old" / "config.json")
+    weights = load_file(tmp_path / "new" / "model.safetensors")
+    shared = weights["model.shared.weight"]
+    for stack in ("encoder", "decoder"):
+        weights[f"model.{stack}.embedding.embed_tokens.weight"] = shared.clone()
+    weights["lm_head.weight"] = shared.clone()
+    save_file(weights, tmp_path / "old" / "model.safetensors", metadata={"format": "pt"})
+    loaded, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "old", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert_three_way_tied(loaded)
+    torch.testing.assert_close(loaded.model.shared.weight, model.model.shared.weight)
+    loaded.save_pretrained(tmp_path / "resaved")
+    assert set(load_file(tmp_path / "resaved" / "model.safetensors")) == names
 
 
 def test_untied_embeddings_when_not_shared(tmp_path):

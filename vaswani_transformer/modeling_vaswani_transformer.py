@@ -24,22 +24,25 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions, Seq2SeqLMOutput
 from transformers.modeling_outputs import Seq2SeqModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import can_return_tuple, is_torchdynamo_compiling
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdynamo_compiling
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
-from .generation import CACHE_NAME, VaswaniGenerationConfig, VaswaniGenerationMixin, either_cache
+from .generation import VaswaniGenerationConfig, VaswaniGenerationMixin
 
 
 # 3.5 Positional encoding ---------------------------------------------------------------------------------------------
 
 
 def sinusoidal_position_encoding(
-    num_positions: int, d_model: int, offset: int = 0, device=None, dtype=torch.float32
+    num_positions: int, d_model: int, offset: int | torch.Tensor = 0, device=None, dtype=torch.float32
 ) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)); shape (n, d_model)."""
-    positions = torch.arange(offset, offset + num_positions, device=device, dtype=torch.float32)
+    # `offset` may be a 0-d tensor (a static cache's length): added to, not a bound of, arange, so it compiles.
+    positions = torch.arange(num_positions, device=device, dtype=torch.float32) + offset
     two_i = torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
     angles = positions[:, None] / torch.pow(10000.0, two_i / d_model)[None, :]
     encoding = torch.zeros(num_positions, d_model, device=device, dtype=torch.float32)
@@ -55,29 +58,29 @@ class SinusoidalPositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = d_model
 
-    def forward(self, seq_len: int, offset: int, like: torch.Tensor) -> torch.Tensor:
+    def forward(self, seq_len: int, offset: int | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return sinusoidal_position_encoding(seq_len, self.d_model, offset, device=like.device, dtype=like.dtype)
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
     """Table 3 row (E): learned positional embeddings, limited to `max_position_embeddings` positions."""
 
-    def forward(self, seq_len: int, offset: int, like: torch.Tensor) -> torch.Tensor:
-        if offset + seq_len > self.num_embeddings and not is_torchdynamo_compiling():
+    def forward(self, seq_len: int, offset: int | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        if not is_torchdynamo_compiling() and offset + seq_len > self.num_embeddings:
             raise ValueError(
                 f"Sequence of {offset + seq_len} positions is longer than the {self.num_embeddings} learned positions "
                 "(`max_position_embeddings`); truncate the input or use position_encoding='sinusoidal'."
             )
-        positions = torch.arange(offset, offset + seq_len, device=self.weight.device)
+        positions = torch.arange(seq_len, device=self.weight.device) + offset
         return super().forward(positions).to(like.dtype)
 
 
 class TransformerEmbedding(nn.Module):
     """Section 3.4 + 3.5: Dropout(Embedding(tokens) * sqrt(d_model) + PE)."""
 
-    def __init__(self, config: VaswaniTransformerConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: VaswaniTransformerConfig):
         super().__init__()
-        self.embed_tokens = embed_tokens
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         if config.position_encoding == "learned":
             self.embed_positions = LearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
@@ -85,7 +88,7 @@ class TransformerEmbedding(nn.Module):
             self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, input_ids=None, inputs_embeds=None, offset: int = 0) -> torch.Tensor:
+    def forward(self, input_ids=None, inputs_embeds=None, offset: int | torch.Tensor = 0) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = inputs_embeds * self.scale
@@ -167,11 +170,11 @@ class MultiHeadAttention(nn.Module):
                 if is_cross_attention:
                     cache.is_updated[self.layer_idx] = True
 
-        attention_interface: Callable = eager_attention_forward
         implementation = self.config._attn_implementation
         # SDPA cannot return the weights; its masks are boolean tensors that the eager path takes as they are.
-        if implementation != "eager" and not (implementation == "sdpa" and kwargs.get("output_attentions", False)):
-            attention_interface = ALL_ATTENTION_FUNCTIONS[implementation]
+        if implementation == "sdpa" and kwargs.get("output_attentions", False):
+            implementation = "eager"
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         output, weights = attention_interface(
             self,
             query,
@@ -319,9 +322,9 @@ class VaswaniTransformerEncoder(VaswaniTransformerPreTrainedModel):
 
     _can_record_outputs = {"hidden_states": EncoderLayer, "attentions": MultiHeadAttention}
 
-    def __init__(self, config: VaswaniTransformerConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: VaswaniTransformerConfig):
         super().__init__(config)
-        self.embedding = TransformerEmbedding(config, embed_tokens)
+        self.embedding = TransformerEmbedding(config)
         self.layers = nn.ModuleList([EncoderLayer(config, i) for i in range(config.encoder_layers)])
         self.gradient_checkpointing = False
         self.post_init()
@@ -334,7 +337,9 @@ class VaswaniTransformerEncoder(VaswaniTransformerPreTrainedModel):
 
     @merge_with_config_defaults
     @capture_outputs
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs) -> BaseModelOutput:
+    def forward(
+        self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs: Unpack[TransformersKwargs]
+    ) -> BaseModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of input_ids or inputs_embeds to the encoder.")
         self._check_token_ids(input_ids, "input_ids")
@@ -359,9 +364,9 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
         "cross_attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="encoder_attn"),
     }
 
-    def __init__(self, config: VaswaniTransformerConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: VaswaniTransformerConfig):
         super().__init__(config)
-        self.embedding = TransformerEmbedding(config, embed_tokens)
+        self.embedding = TransformerEmbedding(config)
         self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.decoder_layers)])
         self.gradient_checkpointing = False
         self.post_init()
@@ -374,6 +379,7 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
 
     @merge_with_config_defaults
     @capture_outputs
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids=None,
@@ -383,30 +389,27 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds=None,
         use_cache: bool | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
         self._check_token_ids(input_ids, "decoder_input_ids")
-        cache = either_cache(cache, past_key_values)
         if self.gradient_checkpointing and self.training:
             cache, use_cache = None, False  # the backward pass replays every layer, which would write a cache twice
         # Weights are returned through the eager path, which needs explicit masks (no is_causal shortcut).
         output_attentions = kwargs.get("output_attentions", False)
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        # Tokens already decoded: an int, or a 0-d tensor for static caches (positions stay in a compiled graph).
         past_length = cache.get_seq_length() if cache is not None else 0
 
         hidden_states = self.embedding(input_ids, inputs_embeds, offset=past_length)
-        positions = torch.arange(past_length, past_length + hidden_states.shape[1], device=hidden_states.device)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=hidden_states,
             attention_mask=attention_mask,
-            position_ids=positions[None],
+            cache=cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else None,
             allow_is_causal_skip=not output_attentions,
-            **{CACHE_NAME: cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else None},
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -425,7 +428,7 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
                 **kwargs,
             )
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, **{CACHE_NAME: cache if use_cache else None}
+            last_hidden_state=hidden_states, cache=cache if use_cache else None
         )
 
 
@@ -443,18 +446,15 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
     def __init__(self, config: VaswaniTransformerConfig):
         super().__init__(config)
         if config.share_embeddings:
-            # Section 3.4: one matrix for source and target embeddings (and, with a head, the output projection).
+            # Section 3.4: one matrix for source and target embeddings (and, with a head, the output projection),
+            # tied by `post_init`/`from_pretrained` as transformers' encoder-decoders do (checkpoints hold `shared`).
             self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-            encoder_embeddings = decoder_embeddings = self.shared
             self._tied_weights_keys = {
                 "encoder.embedding.embed_tokens.weight": "shared.weight",
                 "decoder.embedding.embed_tokens.weight": "shared.weight",
             }
-        else:
-            encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-            decoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.encoder = VaswaniTransformerEncoder(config, encoder_embeddings)
-        self.decoder = VaswaniTransformerDecoder(config, decoder_embeddings)
+        self.encoder = VaswaniTransformerEncoder(config)
+        self.decoder = VaswaniTransformerDecoder(config)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -467,6 +467,7 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
         self.encoder.set_input_embeddings(value)
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids=None,
@@ -478,8 +479,7 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
         inputs_embeds=None,
         decoder_inputs_embeds=None,
         use_cache: bool | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -496,14 +496,14 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            cache=either_cache(cache, past_key_values),
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
+            cache=decoder_outputs.cache,
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -543,6 +543,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids=None,
@@ -555,8 +556,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         decoder_inputs_embeds=None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         if labels is not None:
             use_cache = False
@@ -568,7 +568,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            cache=either_cache(cache, past_key_values),
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -583,7 +583,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
+            cache=outputs.cache,
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

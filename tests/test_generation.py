@@ -48,41 +48,92 @@ def gnmt(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
-@torch.no_grad()
-def reference_beam_search(model, source, num_beams: int, alpha: float, max_new_tokens: int, prompt=(BOS,)):
-    """Plain beam search for one unpadded sentence: full forward each step, no cache, Python lists.
+INF = 1e7  # tensor2tensor's "infinity" for empty and excluded places
 
-    Same definitions as `paper_beam_search`: each step the 2 * num_beams best continuations (by log P) are taken;
-    those among the first num_beams that end with </s> or reach max_new_tokens are finished with score
-    log P / ((5 + |Y|) / 6) ** alpha, |Y| = generated tokens including </s>; the best num_beams others continue.
-    Runs to the maximum length (no early stop). Returns [(score, tokens after <s>)] best first. A decoder `prompt`
-    is forced (not scored, not counted in |Y|).
+
+@torch.no_grad()
+def step_log_probs(model, source, prefixes: list[list[int]], decoder_mask: list[int] | None = None) -> list[list]:
+    """log P(next token | prefix, source) for each prefix: a full forward pass in float64, no cache."""
+    decoder_input_ids = torch.tensor(prefixes)
+    decoder_attention_mask = None
+    if decoder_mask is not None:  # the prompt's mask, then ones for the generated tokens
+        decoder_attention_mask = torch.tensor([decoder_mask + [1] * (len(p) - len(decoder_mask)) for p in prefixes])
+    logits = model(
+        input_ids=source[None].expand(len(prefixes), -1),
+        decoder_input_ids=decoder_input_ids,
+        decoder_attention_mask=decoder_attention_mask,
+        use_cache=False,
+    ).logits[:, -1]
+    return torch.log_softmax(logits.double(), dim=-1).tolist()
+
+
+def top_continuations(model, source, alive, count, decoder_mask=None):
+    """The `count` best (log P, tokens) continuations of the alive (log P, tokens) beams, best first."""
+    log_probs = step_log_probs(model, source, [tokens for _, tokens in alive], decoder_mask)
+    candidates = [
+        (score + log_probs[beam][token], tokens + [token])
+        for beam, (score, tokens) in enumerate(alive)
+        for token in range(VOCAB)
+    ]
+    candidates.sort(key=lambda candidate: -candidate[0])
+    return candidates[:count]
+
+
+def t2t_beam_search(model, source, beam_size, alpha, decode_length, prompt=(BOS,), top_beams=1, decoder_mask=None):
+    """tensor2tensor's utils/beam_search.py (`beam_search` with its Transformer's `stop_early=(top_beams == 1)`),
+    for one unpadded sentence, written from its description: plain Python lists, a full forward pass each step.
+
+    i = 0, 1, ...: grow_topk takes the 2 * beam_size best continuations of the alive beams (scored
+    log P / lp(i + 1), the same order as log P); grow_alive keeps the beam_size best of those that do not end with
+    </s>; grow_finished keeps the beam_size best by score of the finished ones and those of the 2 * beam_size that
+    end with </s>. _is_not_finished: go on while i < decode_length and not (best finished score (stop_early; else
+    the lowest of the beam_size finished places, -INF where empty) > best alive log P / lp(decode_length)).
+    At the end: the finished hypotheses if any, else the alive ones. Here the places left empty when fewer than
+    `top_beams` finished take the alive beams (score log P / lp(decode_length)) after the finished ones.
+    Returns ([(score, tokens after <s>)] best first, number of steps run).
     """
     alive = [(0.0, list(prompt))]
-    finished = []
-    for step in range(1, max_new_tokens + 1):
-        decoder_input_ids = torch.tensor([tokens for _, tokens in alive])
-        logits = model(
-            input_ids=source[None].expand(len(alive), -1), decoder_input_ids=decoder_input_ids, use_cache=False
-        ).logits[:, -1]
-        log_probs = torch.log_softmax(logits.double(), dim=-1).tolist()
-        candidates = [
-            (score + log_probs[beam][token], tokens + [token])
-            for beam, (score, tokens) in enumerate(alive)
-            for token in range(VOCAB)
-        ]
-        candidates.sort(key=lambda candidate: -candidate[0])
-        alive = []
-        for rank, (score, tokens) in enumerate(candidates[: 2 * num_beams]):
-            if tokens[-1] == EOS or step == max_new_tokens:
-                if rank < num_beams:
-                    finished.append((score / gnmt(step, alpha), tokens[1:]))
-            elif len(alive) < num_beams:
-                alive.append((score, tokens))
-        if not alive:
+    finished = []  # (score, tokens), best first, at most beam_size
+    i = 0
+    while True:
+        lower_bound_alive = alive[0][0] / gnmt(decode_length, alpha)
+        places = [score for score, _ in finished] + [-INF] * (beam_size - len(finished))
+        lowest_finished = max(places) if top_beams == 1 else min(places)
+        if not (i < decode_length and not lowest_finished > lower_bound_alive):
             break
-    finished.sort(key=lambda hypothesis: -hypothesis[0])
-    return finished[:num_beams]
+        topk = top_continuations(model, source, alive, 2 * beam_size, decoder_mask)
+        alive = [(score, tokens) for score, tokens in topk if tokens[-1] != EOS][:beam_size]
+        ended = [(score / gnmt(i + 1, alpha), tokens) for score, tokens in topk if tokens[-1] == EOS]
+        finished = sorted(finished + ended, key=lambda hypothesis: -hypothesis[0])[:beam_size]
+        i += 1
+    cut = [(score / gnmt(decode_length, alpha), tokens) for score, tokens in alive]
+    hypotheses = finished + cut[: max(0, top_beams - len(finished))]
+    return [(score, tokens[1:]) for score, tokens in hypotheses][:top_beams], i
+
+
+def fairseq_beam_search(model, source, beam_size, alpha, max_len, prompt=(BOS,), nbest=1, decoder_mask=None):
+    """fairseq's sequence_generator.py (`SequenceGenerator._generate`) for one unpadded sentence, written from its
+    description, with the paper's penalty log P / lp(|Y|) and the limit counting every generated token (fairseq
+    appends a forced </s> after max_len tokens instead, and forbids <pad>).
+
+    Each step the 2 * beam_size best continuations are taken; those among the first beam_size that end with </s>
+    (or reach max_len) are finalized in that order while the sentence has fewer than beam_size (finalize_hypos);
+    the sentence is finished once it has beam_size or at max_len (is_finished); otherwise the first beam_size that
+    do not end with </s> are the next beams. The finalized hypotheses are then sorted by score.
+    Returns ([(score, tokens after <s>)] best first, number of steps run).
+    """
+    alive = [(0.0, list(prompt))]
+    finalized = []
+    for step in range(1, max_len + 1):
+        candidates = top_continuations(model, source, alive, 2 * beam_size, decoder_mask)
+        for score, tokens in candidates[:beam_size]:
+            if (tokens[-1] == EOS or step == max_len) and score > -math.inf and len(finalized) < beam_size:
+                finalized.append((score / gnmt(step, alpha), tokens))
+        if len(finalized) == beam_size or step == max_len:
+            break
+        alive = [(score, tokens) for score, tokens in candidates if tokens[-1] != EOS][:beam_size]
+    finalized.sort(key=lambda hypothesis: -hypothesis[0])
+    return [(score, tokens[1:]) for score, tokens in finalized][:nbest], step
 
 
 def hypotheses(sequences: torch.Tensor) -> list[list[int]]:
@@ -128,68 +179,119 @@ def test_every_model_carries_the_paper_generation_config_and_saves_it(tmp_path):
 
 # (seed, eos_bias, alpha, max_len_b)
 REFERENCE_CASES = [(0, 0.0, 0.6, 6), (2, 1.5, 0.6, 6), (4, 1.25, 0.6, 10)]
+RULES = ["t2t", "fairseq"]
 
 
-@pytest.mark.parametrize(
-    "seed, eos_bias, alpha, max_len_b", REFERENCE_CASES + [(5, 1.25, 1.5, 6), (1, 1.75, -0.5, 6), (3, 0.0, 0.6, 50)]
-)
-def test_matches_an_independent_reference_beam_search(seed, eos_bias, alpha, max_len_b):
-    model = tiny_model(seed, eos_bias)
-    inputs = random_sources(seed + 100)
-    output = model.generate(
-        **inputs,
-        length_penalty=alpha,
-        max_len_b=max_len_b,
-        num_return_sequences=4,
-        return_dict_in_generate=True,
-        output_scores=True,
-    )
-    assert isinstance(output, GenerateBeamEncoderDecoderOutput)
+def reference(rules, model, source, alpha, limit, count=1, prompt=(BOS,), decoder_mask=None):
+    """The reference beam search of `rules` with beam 4 for one sentence: ([(score, tokens)], steps run)."""
+    if rules == "t2t":
+        return t2t_beam_search(model, source, 4, alpha, limit, prompt, top_beams=count, decoder_mask=decoder_mask)
+    return fairseq_beam_search(model, source, 4, alpha, limit, prompt, nbest=count, decoder_mask=decoder_mask)
+
+
+def steps_run(scores: tuple, sentence: int, num_beams: int = 4) -> int:
+    """Steps a sentence took part in: its rows of `output.scores` hold -inf once it has left the batch."""
+    return sum(not bool(torch.isneginf(step[sentence * num_beams]).all()) for step in scores)
+
+
+def assert_matches_reference(model, inputs, output, rules, alpha, max_len_a, max_len_b, count):
     width = output.sequences.shape[1]
     longest = 0
     for sentence, (ids, mask) in enumerate(zip(inputs["input_ids"], inputs["attention_mask"])):
         source = ids[mask.bool()]
-        expected = reference_beam_search(model, source, 4, alpha, max_new_tokens=len(source) + max_len_b)
+        expected, steps = reference(rules, model, source, alpha, int(max_len_a * len(source) + max_len_b), count)
         longest = max([longest] + [len(tokens) for _, tokens in expected])
-        assert torch.equal(
-            output.sequences[4 * sentence : 4 * sentence + 4], padded([tokens for _, tokens in expected], width)
-        )
+        rows = slice(count * sentence, count * sentence + count)
+        assert torch.equal(output.sequences[rows], padded([tokens for _, tokens in expected], width)), sentence
         torch.testing.assert_close(
-            output.sequences_scores[4 * sentence : 4 * sentence + 4],
-            torch.tensor([score for score, _ in expected], dtype=torch.float64),
+            output.sequences_scores[rows], torch.tensor([score for score, _ in expected], dtype=torch.float64)
         )
+        assert steps_run(output.scores, sentence) == steps, sentence  # the same stopping rule
     assert width == 1 + longest
-    # One hypothesis per sentence stops earlier (when nothing can beat the best) and is still the reference's best.
-    best = model.generate(**inputs, length_penalty=alpha, max_len_b=max_len_b, return_dict_in_generate=True)
-    assert torch.equal(best.sequences, output.sequences[::4, : best.sequences.shape[1]])
-    assert (output.sequences[::4, best.sequences.shape[1] :] == PAD).all()
 
 
-def test_a_decoder_prompt_is_continued_and_not_counted():
+@pytest.mark.parametrize("rules", RULES)
+@pytest.mark.parametrize(
+    "seed, eos_bias, alpha, max_len_b", REFERENCE_CASES + [(5, 1.25, 1.5, 6), (1, 1.75, -0.5, 6), (3, 0.0, 0.6, 50)]
+)
+def test_matches_an_independent_reference_beam_search(seed, eos_bias, alpha, max_len_b, rules):
+    """Four hypotheses per sentence (t2t: the bound on the worst of the finished set) and one (t2t: on the best)."""
+    model = tiny_model(seed, eos_bias)
+    inputs = random_sources(seed + 100)
+    for count in (4, 1):
+        output = model.generate(
+            **inputs, length_penalty=alpha, max_len_b=max_len_b, num_return_sequences=count, beam_search_rules=rules,
+            return_dict_in_generate=True, output_scores=True,
+        )  # fmt: skip
+        assert isinstance(output, GenerateBeamEncoderDecoderOutput)
+        assert_matches_reference(model, inputs, output, rules, alpha, 1, max_len_b, count)
+
+
+def random_batch(seed: int, count: int, max_length: int = 9):
+    """`count` right-padded random sources of random lengths 2..max_length (ending with </s>) and their mask."""
+    generator = torch.Generator().manual_seed(seed)
+    return random_sources(seed, lengths=torch.randint(2, max_length + 1, (count,), generator=generator).tolist())
+
+
+MANY_SENTENCE_MODELS = [(7, 1.75), (8, 1.5)]  # (seed, eos_bias), each decoding random_batch(seed, 64)
+
+
+@pytest.mark.parametrize("rules", RULES)
+def test_matches_the_reference_on_many_sentences(rules):
+    """128 sentences of two tiny models, with a short limit (0.5 * source length + 2) that many reach."""
+    for seed, eos_bias in MANY_SENTENCE_MODELS:
+        model = tiny_model(seed, eos_bias)
+        inputs = random_batch(seed, 64)
+        output = model.generate(
+            **inputs, max_len_a=0.5, max_len_b=2, beam_search_rules=rules, return_dict_in_generate=True,
+            output_scores=True,
+        )  # fmt: skip
+        assert_matches_reference(model, inputs, output, rules, 0.6, 0.5, 2, 1)
+
+
+def test_the_two_rule_sets_decode_differently_and_t2t_is_the_default():
+    """Sanity check that the rules matter on these sentences: t2t and fairseq disagree on a good share of them."""
+    model = tiny_model(8, 1.5)
+    inputs = random_batch(8, 64)
+    t2t = hypotheses(model.generate(**inputs, max_len_a=0.5, max_len_b=2, beam_search_rules="t2t"))
+    fairseq = hypotheses(model.generate(**inputs, max_len_a=0.5, max_len_b=2, beam_search_rules="fairseq"))
+    assert sum(a != b for a, b in zip(t2t, fairseq)) >= 8
+    assert hypotheses(model.generate(**inputs, max_len_a=0.5, max_len_b=2)) == t2t
+    model.generation_config.beam_search_rules = "fairseq"  # a saved setting of the model's generation config
+    assert hypotheses(model.generate(**inputs, max_len_a=0.5, max_len_b=2)) == fairseq
+
+
+@pytest.mark.parametrize("rules", RULES)
+def test_a_decoder_prompt_is_continued_and_not_counted(rules):
     model = tiny_model(2, eos_bias=1.5)
     inputs = random_sources(13, lengths=(4,))
     prompt = torch.tensor([[BOS, 17, 23]])
     output = model.generate(
-        **inputs, decoder_input_ids=prompt, max_len_b=5, num_return_sequences=4, return_dict_in_generate=True,
-        output_scores=True,
+        **inputs, decoder_input_ids=prompt, max_len_b=5, num_return_sequences=4, beam_search_rules=rules,
+        return_dict_in_generate=True, output_scores=True,
     )  # fmt: skip
-    expected = reference_beam_search(model, inputs["input_ids"][0], 4, 0.6, max_new_tokens=4 + 5, prompt=[BOS, 17, 23])
+    expected, _ = reference(rules, model, inputs["input_ids"][0], 0.6, 4 + 5, count=4, prompt=[BOS, 17, 23])
     assert torch.equal(output.sequences, padded([tokens for _, tokens in expected], output.sequences.shape[1]))
     expected_scores = torch.tensor([score for score, _ in expected], dtype=torch.float64)
     torch.testing.assert_close(output.sequences_scores, expected_scores)
 
 
-def test_reference_cases_include_early_ends_and_the_length_limit():
+@pytest.mark.parametrize("rules", RULES)
+def test_reference_cases_include_early_ends_and_the_length_limit(rules):
     """The cases above have best hypotheses ending with </s> mid-way, and others cut at the maximum length."""
     kinds = set()
-    for seed, eos_bias, _, max_len_b in REFERENCE_CASES:
-        inputs = random_sources(seed + 100)
-        sequences = tiny_model(seed, eos_bias).generate(**inputs, max_len_b=max_len_b)
-        for tokens, limit in zip(hypotheses(sequences), inputs["attention_mask"].sum(-1).tolist()):
+    cases = [(seed, bias, random_sources(seed + 100), 1, max_len_b) for seed, bias, _, max_len_b in REFERENCE_CASES]
+    cases += [(seed, eos_bias, random_batch(seed, 64), 0.5, 2) for seed, eos_bias in MANY_SENTENCE_MODELS]
+    for seed, eos_bias, inputs, max_len_a, max_len_b in cases:
+        sequences = tiny_model(seed, eos_bias).generate(
+            **inputs, max_len_a=max_len_a, max_len_b=max_len_b, beam_search_rules=rules
+        )
+        for tokens, length in zip(hypotheses(sequences), inputs["attention_mask"].sum(-1).tolist()):
+            limit = int(max_len_a * length + max_len_b)
             if tokens[-1] != EOS:
-                kinds.add("cut at the limit" if len(tokens) == limit + max_len_b else "?")
+                kinds.add("cut at the limit" if len(tokens) == limit else "?")
             else:
-                kinds.add("</s> mid-way" if 1 < len(tokens) < limit + max_len_b else "</s> at an end")
+                kinds.add("</s> mid-way" if 1 < len(tokens) < limit else "</s> at an end")
     assert {"cut at the limit", "</s> mid-way"} <= kinds
 
 
@@ -356,6 +458,112 @@ def test_an_explicit_length_overrides_the_rule_and_trainer_kwargs_are_honoured()
     assert model.generate(**inputs, suppress_tokens=[EOS]).shape == (3, 20)
 
 
+# --- a transformers citizen: attentions, hidden states, the returned cache, decoder masks, static caches -------------
+
+
+def test_attentions_and_hidden_states_of_the_chosen_beams_equal_a_forward_pass():
+    """Per step, in transformers' beam search layout; the rows named by beam_indices equal teacher forcing."""
+    model = tiny_model(1, eos_bias=1.5)
+    inputs = random_sources(5)
+    batch, beams, layers, heads = 4, 4, 2, 4
+    output = model.generate(
+        **inputs, max_len_b=6, return_dict_in_generate=True, output_attentions=True, output_hidden_states=True,
+        output_scores=True,
+    )  # fmt: skip
+    steps = len(output.scores)
+    assert len(output.cross_attentions) == len(output.decoder_attentions) == len(output.decoder_hidden_states) == steps
+    for step in range(steps):
+        assert [a.shape for a in output.cross_attentions[step]] == [(batch * beams, heads, 1, 8)] * layers
+        assert [a.shape for a in output.decoder_attentions[step]] == [(batch * beams, heads, 1, step + 1)] * layers
+        assert [h.shape for h in output.decoder_hidden_states[step]] == [(batch * beams, 1, 32)] * (layers + 1)
+    teacher = model(
+        **inputs, decoder_input_ids=output.sequences, output_attentions=True, output_hidden_states=True, use_cache=False
+    )
+    for layer in range(layers):  # one row per sentence, as transformers' beam search returns them
+        torch.testing.assert_close(output.encoder_attentions[layer], teacher.encoder_attentions[layer])
+    for sentence in range(batch):
+        for step, row in enumerate(output.beam_indices[sentence][output.beam_indices[sentence] >= 0].tolist()):
+            for layer in range(layers):
+                torch.testing.assert_close(
+                    output.cross_attentions[step][layer][row, :, -1], teacher.cross_attentions[layer][sentence, :, step]
+                )
+                torch.testing.assert_close(
+                    output.decoder_attentions[step][layer][row, :, -1],
+                    teacher.decoder_attentions[layer][sentence, :, step, : step + 1],
+                )
+            torch.testing.assert_close(
+                output.decoder_hidden_states[step][-1][row, -1], teacher.decoder_hidden_states[-1][sentence, step]
+            )
+
+
+@pytest.mark.parametrize("rules", RULES)
+def test_the_returned_cache_holds_the_returned_sequences_and_decoding_continues_from_it(rules):
+    model = tiny_model(1, eos_bias=1.5)
+    inputs = random_sources(5)
+    output = model.generate(
+        **inputs, max_len_b=6, num_return_sequences=2, beam_search_rules=rules, return_dict_in_generate=True
+    )
+    assert output.cache.get_seq_length() == output.sequences.shape[1] - 1
+    repeated = {name: value.repeat_interleave(2, dim=0) for name, value in inputs.items()}
+    following = torch.randint(4, VOCAB, (output.sequences.shape[0], 3), generator=torch.Generator().manual_seed(0))
+    continued = model(
+        **repeated, decoder_input_ids=torch.cat([output.sequences[:, -1:], following], dim=-1), cache=output.cache
+    )
+    full = model(**repeated, decoder_input_ids=torch.cat([output.sequences, following], dim=-1), use_cache=False)
+    torch.testing.assert_close(continued.logits, full.logits[:, -4:])
+    assert output.cache.get_seq_length() == output.sequences.shape[1] + 3
+    # No cache without use_cache, and none unless return_dict_in_generate.
+    assert model.generate(**inputs, max_len_b=6, use_cache=False, return_dict_in_generate=True).cache is None
+
+
+@pytest.mark.parametrize("rules", RULES)
+def test_a_left_padded_decoder_prompt_uses_its_attention_mask(rules):
+    """Batched prompts of different lengths, left-padded: each equals the reference run with its own padded prompt.
+
+    (Positions count from the first decoder token, padding included, as in a forward pass over the padded prompt.)
+    """
+    model = tiny_model(2, eos_bias=1.5)
+    inputs = random_sources(13, lengths=(4, 6))
+    prompts = torch.tensor([[BOS, 17, 23], [PAD, BOS, 30]])
+    prompt_mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    output = model.generate(
+        **inputs, decoder_input_ids=prompts, decoder_attention_mask=prompt_mask, max_len_b=4, beam_search_rules=rules,
+        return_dict_in_generate=True, output_scores=True,
+    )  # fmt: skip
+    width = output.sequences.shape[1]
+    for row, (ids, mask) in enumerate(zip(inputs["input_ids"], inputs["attention_mask"])):
+        source, prompt, decoder_mask = ids[mask.bool()], prompts[row].tolist(), prompt_mask[row].tolist()
+        expected, _ = reference(rules, model, source, 0.6, len(source) + 4, prompt=prompt, decoder_mask=decoder_mask)
+        (score, tokens), = expected
+        assert output.sequences[row].tolist() == prompt[:1] + tokens + [PAD] * (width - 1 - len(tokens)), row
+        torch.testing.assert_close(output.sequences_scores[row].item(), score)
+    # The mask is used: without it the padded prompt scores differently.
+    unmasked = model.generate(
+        **inputs, decoder_input_ids=prompts, max_len_b=4, beam_search_rules=rules, return_dict_in_generate=True,
+        output_scores=True,
+    )  # fmt: skip
+    assert abs(unmasked.sequences_scores[1] - output.sequences_scores[1]) > 1e-3
+
+
+def test_a_static_cache_and_a_compiled_forward_give_the_same_tokens():
+    from transformers import CompileConfig
+
+    model = tiny_model(1, eos_bias=1.5)
+    inputs = random_sources(4)
+    expected = model.generate(**inputs, max_len_b=6, return_dict_in_generate=True, output_scores=True)
+    static = model.generate(
+        **inputs, max_len_b=6, cache_implementation="static", return_dict_in_generate=True, output_scores=True
+    )
+    assert torch.equal(static.sequences, expected.sequences)
+    torch.testing.assert_close(static.sequences_scores, expected.sequences_scores)
+    # transformers compiles the decoding steps with a static cache (on a CPU only when asked to).
+    compile_config = CompileConfig(fullgraph=True, backend="eager")
+    compile_config._compile_all_devices = True
+    compiled = model.generate(**inputs, max_len_b=6, cache_implementation="static", compile_config=compile_config)
+    assert hasattr(model, "_compiled_call")
+    assert torch.equal(compiled, expected.sequences)
+
+
 def test_synced_gpus_gives_the_same_result(tmp_path):
     import torch.distributed as dist
 
@@ -379,7 +587,7 @@ def test_synced_gpus_gives_the_same_result(tmp_path):
         ({"max_len_a": -1}, "max_len_a"),
         ({"max_len_b": "50"}, "max_len_b"),
         ({"max_len_a": 0, "max_len_b": 0}, "at least one generated token"),
-        ({"output_attentions": True, "return_dict_in_generate": True}, "length_penalty_type='transformers'"),
+        ({"beam_search_rules": "marian"}, "beam_search_rules"),
         ({"num_return_sequences": 5}, "num_return_sequences"),
         ({"streamer": object()}, "streamer"),
     ],

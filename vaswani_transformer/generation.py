@@ -7,12 +7,15 @@ output length during inference to input length + 50, but terminate early when po
 models loaded with `trust_remote_code=True`), through three extension points of transformers:
 
 - `VaswaniGenerationConfig.from_model_config` gives every new model the paper's generation config (saved as
-  `generation_config.json`): `num_beams=4`, `length_penalty=0.6`, `early_stopping=True` and three custom fields that
-  `GenerationConfig` keeps and saves, `length_penalty_type="gnmt"`, `max_len_a=1`, `max_len_b=50`.
+  `generation_config.json`): `num_beams=4`, `length_penalty=0.6`, `early_stopping=True` and four custom fields that
+  `GenerationConfig` keeps and saves, `length_penalty_type="gnmt"`, `beam_search_rules="t2t"`, `max_len_a=1`,
+  `max_len_b=50`.
 - `VaswaniGenerationMixin.generate` resolves those fields, turns the length rule into transformers' `max_length` and,
   for deterministic beam search with `length_penalty_type="gnmt"`, hands `paper_beam_search` to transformers'
   `generate` as its `custom_generate` callable: transformers prepares the inputs (encoder run once, inputs expanded
-  per beam, cache, logits processors, stopping criteria), `paper_beam_search` runs the decoding loop.
+  per beam, cache (dynamic or static), logits processors, stopping criteria), `paper_beam_search` runs the decoding
+  loop in named steps, as tensor2tensor's `beam_search` does (`_top_candidates` = grow_topk, `_grow_finished`,
+  `_grow_alive`, `_sentences_done` = _is_not_finished), with tensor2tensor's rules by default or fairseq's.
 - Everything else (`length_penalty_type="transformers"`, greedy, sampling, constrained or assisted decoding) is
   transformers' own `generate`, unchanged.
 
@@ -21,6 +24,7 @@ This file is copied next to the weights for `trust_remote_code` users: it import
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -31,18 +35,6 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
 
-# transformers 5.24 renamed the key/value cache, as a model argument and as an output field, from `past_key_values` to
-# `cache`. This package runs under both: CACHE_NAME is the installed version's name, and our models take either.
-CACHE_NAME = "cache" if "cache" in GenerateBeamEncoderDecoderOutput.__dataclass_fields__ else "past_key_values"
-
-
-def either_cache(cache, past_key_values):
-    """The key/value cache given as `cache` (transformers >= 5.24) or as `past_key_values` (earlier), or None."""
-    if cache is not None and past_key_values is not None:
-        raise ValueError("Pass the key/value cache once, as `cache` or as `past_key_values`, not both.")
-    return past_key_values if cache is None else cache
-
-
 # The paper's decoding (Section 6.1). The names of the custom fields are those of the CLI (--beam --alpha
 # --max-len-a --max-len-b) and of fairseq's `max_len_a * source length + max_len_b` rule.
 PAPER_GENERATION_DEFAULTS = {
@@ -50,11 +42,13 @@ PAPER_GENERATION_DEFAULTS = {
     "length_penalty": 0.6,
     "early_stopping": True,
     "length_penalty_type": "gnmt",
+    "beam_search_rules": "t2t",
     "max_len_a": 1,
     "max_len_b": 50,
 }
 LENGTH_PENALTY_TYPES = ("gnmt", "transformers")
-_CUSTOM_FIELDS = ("length_penalty_type", "max_len_a", "max_len_b")
+BEAM_SEARCH_RULES = ("t2t", "fairseq")
+CUSTOM_GENERATION_FIELDS = ("length_penalty_type", "beam_search_rules", "max_len_a", "max_len_b")
 _MISSING = object()
 
 
@@ -71,6 +65,9 @@ class VaswaniGenerationConfig(GenerationConfig):
     - `length_penalty_type` (`"gnmt"` or `"transformers"`): how `length_penalty` (alpha) ranks finished beam search
       hypotheses. `"gnmt"`: log P(Y|X) / ((5 + |Y|) / 6) ** alpha, the paper's; `"transformers"`: transformers' own
       log P(Y|X) / |Y| ** alpha (its built-in beam search, unchanged).
+    - `beam_search_rules` (`"t2t"` or `"fairseq"`): which hypotheses may finish and when a sentence stops in
+      `paper_beam_search` (with `length_penalty_type="gnmt"`). `"t2t"`, the default, is tensor2tensor's beam search,
+      the one behind the paper's numbers; `"fairseq"` is fairseq's `SequenceGenerator` (see `paper_beam_search`).
     - `max_len_a`, `max_len_b` (numbers or None): each sentence generates at most
       `int(max_len_a * source_length + max_len_b)` tokens, source_length being its number of non-padding tokens
       (its `</s>` included). Used unless `max_length` or `max_new_tokens` is passed to `generate` (or set in a
@@ -123,11 +120,13 @@ def _source_lengths(inputs, kwargs: dict, pad_token_id) -> torch.Tensor:
     )
 
 
-def _check_custom_fields(length_penalty_type, max_len_a, max_len_b):
+def _check_custom_fields(length_penalty_type, beam_search_rules, max_len_a, max_len_b):
     if length_penalty_type not in LENGTH_PENALTY_TYPES:
         raise ValueError(
             f"`length_penalty_type` must be one of {LENGTH_PENALTY_TYPES}, got {length_penalty_type!r}."
         )
+    if beam_search_rules not in BEAM_SEARCH_RULES:
+        raise ValueError(f"`beam_search_rules` must be one of {BEAM_SEARCH_RULES}, got {beam_search_rules!r}.")
     for name, value in (("max_len_a", max_len_a), ("max_len_b", max_len_b)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             raise ValueError(f"`{name}` must be a non-negative number or None, got {value!r}.")
@@ -155,7 +154,8 @@ class VaswaniGenerationMixin(GenerationMixin):
         """transformers' `generate`, with the paper's beam search when the generation config asks for it.
 
         Extra generation-config fields (keyword arguments here, or attributes of the generation config):
-        `length_penalty_type` ("gnmt", the default, or "transformers"), `max_len_a` and `max_len_b` (see
+        `length_penalty_type` ("gnmt", the default, or "transformers"), `beam_search_rules` ("t2t", the default, or
+        "fairseq"), `max_len_a` and `max_len_b` (see
         `VaswaniGenerationConfig`). Deterministic beam search (`num_beams > 1`, no sampling, constraints, beam
         groups or assistant) with `length_penalty_type="gnmt"` runs `paper_beam_search`; anything else is
         transformers' own `generate`. The length rule applies in both cases (in transformers' own decoding as one
@@ -163,7 +163,7 @@ class VaswaniGenerationMixin(GenerationMixin):
         """
         fields = {
             name: _resolve_custom_field(name, kwargs, generation_config, self.generation_config)
-            for name in _CUSTOM_FIELDS
+            for name in CUSTOM_GENERATION_FIELDS
         }
         _check_custom_fields(**fields)
         length_given = kwargs.get("max_length") is not None or kwargs.get("max_new_tokens") is not None
@@ -202,6 +202,7 @@ class VaswaniGenerationMixin(GenerationMixin):
                 paper_beam_search,
                 paper_sentence_max_new_tokens=sentence_max_new_tokens,
                 paper_synced_gpus=bool(synced_gpus),
+                paper_beam_search_rules=fields["beam_search_rules"],
             )
         return super().generate(
             inputs,
@@ -231,7 +232,11 @@ def _default_synced_gpus(model) -> bool:
     return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
 
 
-_SUPPORTED_MODEL_KWARGS = {"encoder_outputs", "attention_mask", CACHE_NAME, "use_cache"}
+_SUPPORTED_MODEL_KWARGS = {"encoder_outputs", "attention_mask", "decoder_attention_mask", "cache", "use_cache"}
+# Seq2SeqTrainer passes the labels, and transformers adds logits_to_keep where a model takes it: the search reads only
+# the last position's logits and never the labels (as transformers' own beam search); output_attentions and
+# output_hidden_states come again in the generation config.
+_IGNORED_MODEL_KWARGS = ("labels", "logits_to_keep", "output_attentions", "output_hidden_states")
 # Logits processors and stopping criteria that look at each row on its own: finished sentences can leave the batch.
 # Others (e.g. prefix_allowed_tokens_fn, encoder_repetition_penalty) index rows by sentence: the batch stays whole.
 _ROW_INDEPENDENT = {
@@ -243,6 +248,55 @@ _ROW_INDEPENDENT = {
 }  # fmt: skip
 
 
+@dataclass
+class _Search:
+    """What stays fixed during one beam search."""
+
+    rules: str  # "t2t" or "fairseq"
+    num_beams: int  # K
+    num_return_sequences: int
+    alpha: float
+    eos_ids: torch.Tensor
+    limits: torch.Tensor  # (batch,) maximum number of generated tokens per sentence
+    limit_values: frozenset  # the same numbers on the host: the steps at which some sentence reaches its limit
+    prompt_length: int
+    pad_token_id: int
+    width: int  # prompt_length + the largest limit
+    extra_criteria: list  # stopping criteria other than eos and max length, applied to the candidates
+    keep_history: bool  # beam_indices are returned
+
+
+@dataclass
+class _Alive:
+    """The running beams of the active sentences (A of them, rows a * K + k), best first (t2t's alive set)."""
+
+    active: torch.Tensor  # (A,) their numbers in the full batch
+    sequences: torch.Tensor  # (A * K, length)
+    scores: torch.Tensor  # (A, K) log P(Y|X); -inf for a dead beam
+    history: torch.Tensor | None  # (A * K, generated) beam_indices: rows of the full batch
+
+
+@dataclass
+class _Finished:
+    """The finished hypotheses of every sentence of the full batch, best first (t2t's finished set)."""
+
+    scores: torch.Tensor  # (batch, K) log P(Y|X) / lp(Y); -inf for an empty place
+    sequences: torch.Tensor  # (batch, K, width), right-padded
+    history: torch.Tensor  # (batch, K, width - prompt_length) beam_indices, -1 after the end
+    lengths: torch.Tensor  # (batch, K) |Y|
+
+
+@dataclass
+class _Candidates:
+    """The 2K best continuations of each active sentence, best first (t2t's topk set)."""
+
+    scores: torch.Tensor  # (A, 2K) log P(Y|X)
+    tokens: torch.Tensor  # (A, 2K) the new token
+    rows: torch.Tensor  # (A, 2K) the running row it continues
+    stops: torch.Tensor  # (A, 2K) ends with an eos token or meets a stopping criterion
+    generated: int  # |Y| of every candidate
+
+
 def paper_beam_search(
     model,
     input_ids: torch.LongTensor,
@@ -251,44 +305,144 @@ def paper_beam_search(
     generation_config: GenerationConfig,
     paper_sentence_max_new_tokens: torch.Tensor | None = None,
     paper_synced_gpus: bool = False,
+    paper_beam_search_rules: str = "t2t",
     **model_kwargs,
 ):
     """Beam search ranking finished hypotheses by log P(Y|X) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha.
 
-    Called by transformers' `generate` (as `custom_generate`) with `input_ids` of shape (batch * num_beams, P):
+    Called by transformers' `generate` (as `custom_generate`) with `input_ids` of shape (batch * K, P), K = num_beams:
     the decoder start token (P = 1) or a decoder prompt, repeated for each beam.
 
-    Definitions (the test's reference beam search uses the same):
+    Definitions (the tests' reference beam searches use the same, written from tensor2tensor's and fairseq's code):
 
     - |Y| is the number of generated tokens (after the decoder start token and any decoder prompt), the final
       `</s>` included. log P(Y|X) is the sum of the log-probabilities of those tokens, after the logits processors
-      (none by default), computed in float32 (float64 for a float64 model).
-    - Each step, for each sentence, the 2 * num_beams best continuations of its running beams (by log P) are taken,
-      best first. Those among the first num_beams that end with an eos token, hit a stopping criterion, or reach the
-      sentence's maximum length become finished hypotheses (scored with the penalty); the best num_beams of the
-      others are the running beams of the next step. A sentence keeps its num_beams best finished hypotheses.
+      (none by default), computed in float32 (float64 for a float64 model). An eos token and any stopping criterion
+      end a hypothesis alike.
     - Maximum length per sentence: `paper_sentence_max_new_tokens` (max_len_a * source length + max_len_b), or
-      `generation_config.max_length` minus P when the caller gave a length.
-    - Early stop: a sentence stops when it has `num_return_sequences` finished hypotheses and no running beam can
-      beat the worst of them at any length it can still reach (the best running log P / lp(length), maximised over
-      the reachable lengths, is at most that finished score). Log-probabilities only decrease, so this is exact:
-      the hypotheses returned are those of the search run to the maximum length (`early_stopping` is therefore not
-      consulted). With one returned hypothesis this is the paper's (tensor2tensor's) rule: stop when the best
-      finished hypothesis beats the best running one scored at the maximum length. The bound is dropped if a
-      logits processor ever makes a score positive.
+      `generation_config.max_length` minus P when the caller gave a length. A hypothesis reaching it is cut there.
+    - Each step, per sentence: (1) the 2K best continuations of its K running beams by log P are the candidates;
+      (2) some of them join the sentence's finished set, which keeps its K best by penalised score; (3) the K best
+      candidates that did not end are the next running beams; (4) the sentence stops or goes on.
+
+    `beam_search_rules="t2t"` (the default; tensor2tensor's `beam_search`, which gave the paper's numbers):
+
+    - (2) any of the 2K candidates that ends joins the finished set (`grow_finished`).
+    - (4) a sentence stops at its maximum length, or when (`_is_not_finished`) its best finished score (with
+      num_return_sequences=1, t2t's `stop_early`) or its K-th best (with more, t2t's `stop_early=False` as its
+      Transformer sets it for several beams) is greater than the best running log P divided by lp(maximum length).
+      With alpha >= 0 this is exact: no running beam can do better at any length. t2t checks all sentences of a
+      batch together; here each stops on its own, as if decoded alone.
+    - At the maximum length the finished hypotheses are returned; the running beams, cut at the limit, are returned
+      only where fewer finished (t2t: where none finished), after the finished ones.
+
+    `beam_search_rules="fairseq"` (fairseq's `SequenceGenerator`):
+
+    - (2) only candidates among the top K that end, or reach the maximum length, are finished, and only the first K
+      of a sentence are kept (`finalize_hypos`), then ranked by score.
+    - (4) a sentence stops as soon as it has K finished hypotheses, or at its maximum length (`is_finished`).
+      fairseq forbids `<pad>` and appends a forced `</s>` one step after the limit; here the limit counts every
+      generated token and nothing is forbidden.
+
+    t2t's bound is dropped if a logits processor ever makes a log-probability positive (the search then runs to the
+    maximum length). `early_stopping` is not consulted.
 
     Returns what transformers' beam search returns: the best `num_return_sequences` hypotheses per sentence, best
     first, starting with the prompt and right-padded with `pad_token_id` (a LongTensor), or with
     `return_dict_in_generate=True` a `GenerateBeamEncoderDecoderOutput` with `sequences`, `sequences_scores` (the
-    penalised score, with `output_scores`), `scores` (per step, the processed log-probabilities of the
-    batch * num_beams rows; rows of sentences already finished hold -inf), `logits` (with `output_logits`, same
-    layout) and `beam_indices`. Finished sentences leave the batch (their cache rows are dropped), unless
-    `synced_gpus` or a non-dynamic cache keeps the batch whole.
+    penalised score, with `output_scores`), `beam_indices`, and per step, in the layout of transformers' beam search
+    (rows: the batch * K running beams of that step): `scores` (the processed log-probabilities), `logits`,
+    `decoder_attentions`, `cross_attentions`, `decoder_hidden_states`; and `encoder_attentions`,
+    `encoder_hidden_states`. Rows of sentences already finished hold -inf (scores, logits) or 0. With the key/value
+    cache, `cache` holds the returned sequences but their last token (one decoder pass over them), so that decoding
+    can continue from it. Finished sentences leave the batch (their cache rows are dropped), unless `synced_gpus`, a
+    sentence-dependent logits processor or a non-dynamic (e.g. static) cache keeps the batch whole.
     """
-    model_kwargs.pop("labels", None)  # Seq2SeqTrainer passes them; generation does not use them (as in transformers)
-    unsupported = set(model_kwargs) - _SUPPORTED_MODEL_KWARGS
-    if generation_config.output_attentions or generation_config.output_hidden_states:
-        unsupported |= {"output_attentions/output_hidden_states"}
+    search, alive, finished, cache, model_kwargs = _start(
+        model, input_ids, logits_processor, stopping_criteria, generation_config,
+        paper_sentence_max_new_tokens, paper_beam_search_rules, model_kwargs,
+    )  # fmt: skip
+    K = search.num_beams
+    device = input_ids.device
+    total_rows = input_ids.shape[0]
+    use_cache = cache is not None
+    encoder_states = model_kwargs["encoder_outputs"].last_hidden_state
+    attention_mask = model_kwargs.get("attention_mask")
+    decoder_prompt_mask = model_kwargs.get("decoder_attention_mask")
+    score_dtype = alive.scores.dtype
+    # transformers' rule (as in its `_sample`): a compiled forward for static caches on accelerators or when asked.
+    if model._valid_auto_compile_criteria({"cache": cache}, generation_config):
+        decode_forward = model.get_compiled_call(generation_config.compile_config)
+    else:
+        decode_forward = model.__call__
+    drop_finished = not paper_synced_gpus and _rows_independent(logits_processor, stopping_criteria) and (
+        cache is None or _is_dynamic(cache)
+    )
+    record = _StepOutputs(generation_config, total_rows)
+
+    bound_valid = True
+    done = torch.zeros(input_ids.shape[0] // K, dtype=torch.bool, device=device)
+    this_peer_finished = False
+    step = 0
+    while model._has_unfinished_sequences(this_peer_finished, paper_synced_gpus, device=device):
+        # The first step reads the whole prompt (not compiled, as transformers' prefill); later ones one token.
+        forward = decode_forward if step > 0 else model.__call__
+        outputs = forward(
+            encoder_outputs=(encoder_states,),
+            attention_mask=attention_mask,
+            decoder_input_ids=alive.sequences[:, -1:] if (use_cache and step > 0) else alive.sequences,
+            decoder_attention_mask=_decoder_mask(decoder_prompt_mask, alive.sequences.shape[-1]),
+            cache=cache,
+            use_cache=use_cache,
+            output_attentions=record.attentions is not None,
+            output_hidden_states=record.hidden_states is not None,
+            return_dict=True,
+        )
+        step += 1
+        if this_peer_finished:  # synced_gpus: keep the other processes company
+            alive.sequences = torch.cat([alive.sequences, alive.sequences[:, -1:]], dim=-1)
+            continue
+        logits = outputs.logits[:, -1, :].to(score_dtype)
+        log_probs = nn.functional.log_softmax(logits, dim=-1)
+        if len(logits_processor) > 0:
+            log_probs = logits_processor(alive.sequences, log_probs)
+            bound_valid = bound_valid and not bool((log_probs > 0).any())
+        record.add(outputs, log_probs, logits, alive.active, K)
+        del outputs
+
+        candidates = _top_candidates(search, alive, log_probs, record.scores)
+        at_limit = search.limits[alive.active] <= candidates.generated
+        _grow_finished(search, finished, alive, candidates, _may_finish(search, finished, alive, candidates, at_limit))
+        alive, cache_rows = _grow_alive(search, alive, candidates)
+        if search.rules == "t2t" and candidates.generated in search.limit_values:
+            _fill_with_alive_at_limit(search, finished, alive, at_limit, candidates.generated)
+        done[alive.active] |= _sentences_done(search, finished, alive, at_limit, bound_valid)
+
+        keep = ~done[alive.active]
+        if drop_finished and not bool(keep.all()):
+            kept_rows = (keep.nonzero()[:, :1] * K + torch.arange(K, device=device)).reshape(-1)
+            alive = _Alive(
+                alive.active[keep], alive.sequences[kept_rows], alive.scores[keep],
+                alive.history[kept_rows] if alive.history is not None else None,
+            )  # fmt: skip
+            cache_rows = cache_rows[kept_rows]
+            encoder_states = encoder_states[kept_rows]
+            attention_mask = attention_mask[kept_rows] if attention_mask is not None else None
+            decoder_prompt_mask = decoder_prompt_mask[kept_rows] if decoder_prompt_mask is not None else None
+            if cache is not None:
+                cache.cross_attention_cache.reorder_cache(kept_rows)
+        if cache is not None:
+            cache.self_attention_cache.reorder_cache(cache_rows)
+        this_peer_finished = bool(done.all())
+
+    return _outputs(model, search, finished, record, generation_config, model_kwargs, use_cache)
+
+
+def _start(model, input_ids, logits_processor, stopping_criteria, generation_config, sentence_limits, rules, kwargs):
+    """Checks the arguments; the fixed settings, the first running beams, an empty finished set and the cache."""
+    for name in _IGNORED_MODEL_KWARGS:
+        kwargs.pop(name, None)
+    unsupported = set(kwargs) - _SUPPORTED_MODEL_KWARGS
     if unsupported:
         raise ValueError(
             f"The paper's beam search does not support {sorted(unsupported)}; pass length_penalty_type='transformers' "
@@ -296,214 +450,270 @@ def paper_beam_search(
         )
     if not model.config.is_encoder_decoder:
         raise ValueError("paper_beam_search is for encoder-decoder models.")
-
-    num_beams = generation_config.num_beams
-    num_return_sequences = generation_config.num_return_sequences or 1
-    alpha = generation_config.length_penalty
-    pad_token_id = generation_config._pad_token_tensor
-    pad_token_id = int(pad_token_id) if pad_token_id is not None else 0
-    eos_ids = generation_config._eos_token_tensor
-    eos_ids = eos_ids.reshape(-1).to(input_ids.device) if eos_ids is not None else input_ids.new_empty(0)
-    return_dict = generation_config.return_dict_in_generate
-    output_scores = return_dict and generation_config.output_scores
-    output_logits = return_dict and generation_config.output_logits
-    use_cache = bool(model_kwargs.get("use_cache", True))
-
+    if rules not in BEAM_SEARCH_RULES:
+        raise ValueError(f"`beam_search_rules` must be one of {BEAM_SEARCH_RULES}, got {rules!r}.")
+    K = generation_config.num_beams
     device = input_ids.device
     total_rows, prompt_length = input_ids.shape
-    batch_size = total_rows // num_beams
-    if paper_sentence_max_new_tokens is not None:
-        limits = paper_sentence_max_new_tokens.to(device).long()
+    batch_size = total_rows // K
+    if sentence_limits is not None:
+        limits = sentence_limits.to(device).long()
     else:
         limits = torch.full((batch_size,), generation_config.max_length - prompt_length, device=device)
-    if int(limits.min()) < 1:
+    limit_values = frozenset(limits.tolist())
+    if min(limit_values) < 1:
         raise ValueError(f"max_length ({generation_config.max_length}) leaves no token to generate.")
-    max_new = int(limits.max())
-    # Stopping criteria other than eos and max length (which are handled here) are evaluated on the candidates.
-    extra_criteria = [c for c in stopping_criteria if not isinstance(c, (EosTokenCriteria, MaxLengthCriteria))]
-
-    encoder_outputs = model_kwargs["encoder_outputs"]
-    encoder_states = encoder_outputs.last_hidden_state
-    attention_mask = model_kwargs.get("attention_mask")
-    cache = model_kwargs.get(CACHE_NAME) if use_cache else None
-    rows_independent = all(type(item).__name__ in _ROW_INDEPENDENT for item in [*logits_processor, *stopping_criteria])
-    drop_finished = not paper_synced_gpus and rows_independent and (
-        cache is None
-        or (
-            isinstance(cache, EncoderDecoderCache)
-            and isinstance(cache.self_attention_cache, DynamicCache)
-            and isinstance(cache.cross_attention_cache, DynamicCache)
-        )
+    eos_ids = generation_config._eos_token_tensor
+    pad_token_id = generation_config._pad_token_tensor
+    pad_token_id = int(pad_token_id) if pad_token_id is not None else 0
+    return_dict = generation_config.return_dict_in_generate
+    search = _Search(
+        rules=rules,
+        num_beams=K,
+        num_return_sequences=generation_config.num_return_sequences or 1,
+        alpha=generation_config.length_penalty,
+        eos_ids=eos_ids.reshape(-1).to(device) if eos_ids is not None else input_ids.new_empty(0),
+        limits=limits,
+        limit_values=limit_values,
+        prompt_length=prompt_length,
+        pad_token_id=pad_token_id,
+        width=prompt_length + max(limit_values),
+        extra_criteria=[c for c in stopping_criteria if not isinstance(c, (EosTokenCriteria, MaxLengthCriteria))],
+        keep_history=bool(return_dict),
     )
-
-    # Running state over the active sentences (A of them, rows a * num_beams + k).
-    active = torch.arange(batch_size, device=device)
-    sequences = input_ids
-    history = input_ids.new_empty(total_rows, 0)  # beam_indices of the running beams (rows of the full batch)
     # Float32 (or the model's float64): the first beam of each sentence starts at 0, the copies at -inf.
+    encoder_states = kwargs["encoder_outputs"].last_hidden_state
     score_dtype = torch.float64 if encoder_states.dtype == torch.float64 else torch.float32
-    running_scores = torch.full((batch_size, num_beams), -math.inf, dtype=score_dtype, device=device)
-    running_scores[:, 0] = 0.0
-    # Finished hypotheses per sentence of the full batch, best first.
-    finished_scores = torch.full((batch_size, num_beams), -math.inf, dtype=score_dtype, device=device)
-    finished_sequences = input_ids.new_full((batch_size, num_beams, prompt_length + max_new), pad_token_id)
-    finished_history = input_ids.new_full((batch_size, num_beams, max_new), -1)
-    finished_lengths = input_ids.new_zeros(batch_size, num_beams)
-    done = torch.zeros(batch_size, dtype=torch.bool, device=device)
-    bound_valid = True
-    all_scores = () if output_scores else None
-    all_logits = () if output_logits else None
+    scores = torch.full((batch_size, K), -math.inf, dtype=score_dtype, device=device)
+    scores[:, 0] = 0.0
+    alive = _Alive(
+        torch.arange(batch_size, device=device), input_ids, scores,
+        input_ids.new_empty(total_rows, 0) if search.keep_history else None,
+    )  # fmt: skip
+    finished = _Finished(
+        scores=torch.full((batch_size, K), -math.inf, dtype=score_dtype, device=device),
+        sequences=input_ids.new_full((batch_size, K, search.width), pad_token_id),
+        history=input_ids.new_full((batch_size, K, search.width - prompt_length), -1),
+        lengths=input_ids.new_zeros(batch_size, K),
+    )
+    cache = kwargs.get("cache") if kwargs.get("use_cache", True) else None
+    return search, alive, finished, cache, kwargs
 
-    num_candidates = 2 * num_beams
-    candidate_rank = torch.arange(num_candidates, device=device)
-    this_peer_finished = False
-    step = 0
-    while model._has_unfinished_sequences(this_peer_finished, paper_synced_gpus, device=device):
-        decoder_input_ids = sequences[:, -1:] if (cache is not None and step > 0) else sequences
-        outputs = model(
-            encoder_outputs=(encoder_states,),
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            use_cache=use_cache,
-            **{CACHE_NAME: cache},
-            return_dict=True,
-        )
-        step += 1
-        logits = outputs.logits[:, -1, :]
-        del outputs
-        if this_peer_finished:  # synced_gpus: keep the other processes company
-            sequences = torch.cat([sequences, sequences[:, -1:]], dim=-1)
-            continue
-        log_probs = nn.functional.log_softmax(logits.to(score_dtype), dim=-1)
-        if len(logits_processor) > 0:
-            log_probs = logits_processor(sequences, log_probs)
-            if bound_valid and bool((log_probs > 0).any()):
-                bound_valid = False
-        num_active, vocab_size = active.shape[0], log_probs.shape[-1]
-        if output_scores or output_logits:
-            rows = (active[:, None] * num_beams + torch.arange(num_beams, device=device)).reshape(-1)
-            if output_scores:
-                all_scores += (_scatter_rows(log_probs, rows, total_rows),)
-            if output_logits:
-                all_logits += (_scatter_rows(logits.to(score_dtype), rows, total_rows),)
 
-        # 2 * num_beams best continuations per sentence over num_beams * vocab.
-        candidates = (running_scores[:, :, None] + log_probs.view(num_active, num_beams, vocab_size)).view(
-            num_active, num_beams * vocab_size
-        )
-        top_scores, top_indices = candidates.topk(num_candidates, dim=-1)
-        top_beams = torch.div(top_indices, vocab_size, rounding_mode="floor")
-        top_tokens = top_indices % vocab_size
-        source_rows = torch.arange(num_active, device=device)[:, None] * num_beams + top_beams  # (A, 2K)
-        origins = active[:, None] * num_beams + top_beams  # the same rows, numbered in the full batch
+def _rows_independent(logits_processor, stopping_criteria) -> bool:
+    """Whether every logits processor and stopping criterion treats each row on its own."""
+    return all(type(item).__name__ in _ROW_INDEPENDENT for item in [*logits_processor, *stopping_criteria])
 
-        def extend(candidates: torch.Tensor):
-            """Token sequences (and beam_indices) of the chosen candidates, shape (A, n) -> (A * n, length + 1)."""
-            rows = source_rows.gather(1, candidates).reshape(-1)
-            tokens = top_tokens.gather(1, candidates).reshape(-1, 1)
-            extended = torch.cat([sequences[rows], tokens], dim=-1)
-            if not return_dict:
-                return extended, history
-            return extended, torch.cat([history[rows], origins.gather(1, candidates).reshape(-1, 1)], dim=-1)
 
-        generated = sequences.shape[-1] + 1 - prompt_length  # |Y| of the candidates
-        limit = limits[active]
-        ends = torch.isin(top_tokens, eos_ids)
-        if extra_criteria:
-            all_candidates, _ = extend(candidate_rank.expand(num_active, -1))
-            for criterion in extra_criteria:
-                ends |= criterion(all_candidates, all_scores).view(num_active, num_candidates).to(device)
-        at_limit = limit <= generated
-        ends |= at_limit[:, None]
-        is_done = done[active]
-        newly_finished = ends & (candidate_rank < num_beams) & ~is_done[:, None]
-
-        # Merge the new finished hypotheses into the kept ones, for the sentences that have some.
-        merging = newly_finished.any(-1).nonzero().squeeze(-1)
-        if merging.numel() > 0:
-            sentences, count = active[merging], merging.numel()
-            penalised = top_scores[merging, :num_beams] / gnmt_length_penalty(generated, alpha)
-            penalised = penalised.masked_fill(~newly_finished[merging, :num_beams], -math.inf)
-            best_scores, best = torch.cat([finished_scores[sentences], penalised], dim=-1).topk(num_beams, dim=-1)
-            width = prompt_length + max_new
-            new_sequences, new_history = extend(candidate_rank[:num_beams].expand(num_active, -1))
-            new_sequences = new_sequences.view(num_active, num_beams, -1)[merging]
-            new_sequences = nn.functional.pad(new_sequences, (0, width - new_sequences.shape[-1]), value=pad_token_id)
-            merged_sequences = torch.cat([finished_sequences[sentences], new_sequences], dim=1)
-            finished_sequences[sentences] = merged_sequences.gather(1, best[:, :, None].expand(-1, -1, width))
-            if return_dict:
-                new_history = new_history.view(num_active, num_beams, -1)[merging]
-                new_history = nn.functional.pad(new_history, (0, max_new - new_history.shape[-1]), value=-1)
-                merged_history = torch.cat([finished_history[sentences], new_history], dim=1)
-                finished_history[sentences] = merged_history.gather(1, best[:, :, None].expand(-1, -1, max_new))
-            merged_lengths = torch.cat(
-                [finished_lengths[sentences], finished_lengths.new_full((count, num_beams), generated)], dim=1
-            )
-            finished_scores[sentences] = best_scores
-            finished_lengths[sentences] = merged_lengths.gather(1, best)
-
-        # The next running beams: the best num_beams continuations that did not end (dead ones at -inf).
-        order = torch.where(ends, candidate_rank + num_candidates, candidate_rank)
-        selected = order.topk(num_beams, dim=-1, largest=False).indices  # sorted: best first
-        running_scores = top_scores.gather(1, selected)
-        running_scores = running_scores.masked_fill(ends.gather(1, selected), -math.inf)
-        cache_rows = source_rows.gather(1, selected).reshape(-1)
-        sequences, history = extend(selected)
-
-        # Which sentences are done: at their limit, or no running beam can beat their worst kept hypothesis.
-        best_running = running_scores[:, 0]
-        now_done = at_limit | torch.isneginf(best_running)
-        if bound_valid:
-            next_length = gnmt_length_penalty(torch.full_like(best_running, generated + 1), alpha)
-            last_length = gnmt_length_penalty(limit.to(score_dtype), alpha)
-            bound = torch.maximum(best_running / next_length, best_running / last_length)
-            worst_kept = finished_scores[active, num_return_sequences - 1]
-            now_done |= ~torch.isneginf(worst_kept) & (bound <= worst_kept)
-        done[active] = is_done | now_done
-
-        keep = ~done[active]
-        if drop_finished and not bool(keep.all()):
-            kept_rows = (
-                torch.arange(num_active, device=device)[keep][:, None] * num_beams
-                + torch.arange(num_beams, device=device)
-            ).reshape(-1)
-            active = active[keep]
-            running_scores = running_scores[keep]
-            sequences = sequences[kept_rows]
-            history = history[kept_rows]
-            cache_rows = cache_rows[kept_rows]
-            encoder_states = encoder_states[kept_rows]
-            if attention_mask is not None:
-                attention_mask = attention_mask[kept_rows]
-            if cache is not None:
-                cache.cross_attention_cache.reorder_cache(kept_rows)
-        if cache is not None:
-            cache.self_attention_cache.reorder_cache(cache_rows)
-        this_peer_finished = bool(done.all())
-
-    # Best num_return_sequences per sentence, best first, cropped to the longest.
-    output_length = int(finished_lengths[:, :num_return_sequences].max())
-    sequences = finished_sequences[:, :num_return_sequences, : prompt_length + output_length]
-    sequences = sequences.reshape(batch_size * num_return_sequences, -1)
-    if not return_dict:
-        return sequences
-    beam_indices = finished_history[:, :num_return_sequences, :output_length].reshape(sequences.shape[0], -1)
-    encoder_output = model_kwargs["encoder_outputs"]
-    return GenerateBeamEncoderDecoderOutput(
-        sequences=sequences,
-        sequences_scores=finished_scores[:, :num_return_sequences].reshape(-1) if output_scores else None,
-        scores=all_scores,
-        logits=all_logits,
-        beam_indices=beam_indices,
-        encoder_attentions=encoder_output.get("attentions") if generation_config.output_attentions else None,
-        encoder_hidden_states=encoder_output.get("hidden_states") if generation_config.output_hidden_states else None,
+def _is_dynamic(cache) -> bool:
+    """An encoder-decoder cache of two dynamic caches, whose rows can be dropped."""
+    return (
+        isinstance(cache, EncoderDecoderCache)
+        and isinstance(cache.self_attention_cache, DynamicCache)
+        and isinstance(cache.cross_attention_cache, DynamicCache)
     )
 
 
-def _scatter_rows(values: torch.Tensor, rows: torch.Tensor, total_rows: int) -> torch.Tensor:
-    """Rows of the active sentences placed in a (batch * num_beams, vocab) tensor; other rows -inf."""
+def _decoder_mask(prompt_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """The decoder attention mask over `length` tokens: the prompt's mask, then ones for the generated tokens."""
+    if prompt_mask is None:
+        return None
+    return nn.functional.pad(prompt_mask, (0, length - prompt_mask.shape[-1]), value=1)
+
+
+def _top_candidates(search: _Search, alive: _Alive, log_probs: torch.Tensor, scores_so_far) -> _Candidates:
+    """Step 1 (t2t `grow_topk`): the 2K best continuations of each sentence's running beams by log P(Y|X)."""
+    K = search.num_beams
+    num_active, vocab_size = alive.scores.shape[0], log_probs.shape[-1]
+    totals = (alive.scores[:, :, None] + log_probs.view(num_active, K, vocab_size)).view(num_active, K * vocab_size)
+    scores, indices = totals.topk(2 * K, dim=-1)
+    rows = torch.arange(num_active, device=scores.device)[:, None] * K + torch.div(
+        indices, vocab_size, rounding_mode="floor"
+    )
+    tokens = indices % vocab_size
+    stops = torch.isin(tokens, search.eos_ids)
+    generated = alive.sequences.shape[-1] + 1 - search.prompt_length
+    if search.extra_criteria:
+        sequences, _ = _grown(search, alive, rows, tokens)
+        for criterion in search.extra_criteria:
+            stops |= criterion(sequences, scores_so_far).view(num_active, 2 * K).to(stops.device)
+    return _Candidates(scores, tokens, rows, stops, generated)
+
+
+def _grown(search: _Search, alive: _Alive, rows: torch.Tensor, tokens: torch.Tensor):
+    """Sequences (and beam_indices) of the running `rows` extended by `tokens`, flattened: (n * m, length + 1)."""
+    rows, tokens = rows.reshape(-1), tokens.reshape(-1, 1)
+    sequences = torch.cat([alive.sequences[rows], tokens], dim=-1)
+    if alive.history is None:
+        return sequences, None
+    K = search.num_beams
+    origins = alive.active[torch.div(rows, K, rounding_mode="floor")] * K + rows % K
+    return sequences, torch.cat([alive.history[rows], origins[:, None]], dim=-1)
+
+
+def _may_finish(search: _Search, finished: _Finished, alive: _Alive, candidates: _Candidates, at_limit):
+    """Step 2a: t2t, any candidate that ends; fairseq, those of the top K that end or reach the limit, K at most."""
+    may_finish = candidates.stops & ~torch.isneginf(candidates.scores)
+    if search.rules == "t2t":
+        return may_finish
+    K = search.num_beams
+    may_finish = (candidates.stops | at_limit[:, None]) & ~torch.isneginf(candidates.scores)
+    may_finish[:, K:] = False
+    taken = (~torch.isneginf(finished.scores[alive.active])).sum(-1, keepdim=True)
+    return may_finish & (taken + may_finish.cumsum(-1) <= K)  # first come, first kept (fairseq's finalize_hypos)
+
+
+def _grow_finished(search: _Search, finished: _Finished, alive: _Alive, candidates: _Candidates, may_finish):
+    """Step 2b (t2t `grow_finished`): each sentence keeps the K best of its finished and newly finished hypotheses."""
+    merging = may_finish.any(-1).nonzero().squeeze(-1)
+    if merging.numel() == 0:
+        return
+    K, count = search.num_beams, merging.numel()
+    sentences = alive.active[merging]
+    penalised = candidates.scores[merging] / gnmt_length_penalty(candidates.generated, search.alpha)
+    penalised = penalised.masked_fill(~may_finish[merging], -math.inf)
+    best_scores, best = torch.cat([finished.scores[sentences], penalised], dim=-1).topk(K, dim=-1)
+    sequences, history = _grown(search, alive, candidates.rows[merging], candidates.tokens[merging])
+    lengths = finished.lengths.new_full((count, 2 * K), candidates.generated)
+    _take(finished, sentences, best, best_scores, sequences.view(count, 2 * K, -1), history, lengths, search)
+
+
+def _take(finished: _Finished, sentences, best, best_scores, sequences, history, lengths, search: _Search):
+    """Finished places of `sentences` := entries `best` of [their finished hypotheses, the given new ones]."""
+    count, new = sequences.shape[:2]
+    width = search.width
+    sequences = nn.functional.pad(sequences, (0, width - sequences.shape[-1]), value=search.pad_token_id)
+    merged = torch.cat([finished.sequences[sentences], sequences], dim=1)
+    finished.sequences[sentences] = merged.gather(1, best[:, :, None].expand(-1, -1, width))
+    if history is not None:
+        history = history.view(count, new, -1)
+        history = nn.functional.pad(history, (0, width - search.prompt_length - history.shape[-1]), value=-1)
+        merged = torch.cat([finished.history[sentences], history], dim=1)
+        finished.history[sentences] = merged.gather(1, best[:, :, None].expand(-1, -1, history.shape[-1]))
+    finished.lengths[sentences] = torch.cat([finished.lengths[sentences], lengths], dim=1).gather(1, best)
+    finished.scores[sentences] = best_scores
+
+
+def _grow_alive(search: _Search, alive: _Alive, candidates: _Candidates):
+    """Step 3 (t2t `grow_alive`): the K best candidates that did not end run on, best first (dead ones at -inf)."""
+    rank = torch.arange(2 * search.num_beams, device=candidates.scores.device)
+    picks = torch.where(candidates.stops, rank + rank.numel(), rank).topk(search.num_beams, largest=False).indices
+    scores = candidates.scores.gather(1, picks).masked_fill(candidates.stops.gather(1, picks), -math.inf)
+    rows = candidates.rows.gather(1, picks)
+    sequences, history = _grown(search, alive, rows, candidates.tokens.gather(1, picks))
+    return _Alive(alive.active, sequences, scores, history), rows.reshape(-1)
+
+
+def _fill_with_alive_at_limit(search: _Search, finished: _Finished, alive: _Alive, at_limit, generated: int):
+    """Step 3b (t2t, at the maximum length): running beams, cut there, take the finished places left empty."""
+    K, count = search.num_beams, alive.active.shape[0]
+    kept = finished.scores[alive.active]
+    taken = (~torch.isneginf(kept)).sum(-1, keepdim=True)
+    place = torch.arange(K, device=taken.device)
+    # Place j of a sentence at its limit takes running beam j - taken (entry K + j - taken) if no finished one has it;
+    # every other place keeps what it has (all active sentences at once: no host sync).
+    best = torch.where((place >= taken) & at_limit[:, None], K + place - taken, place)
+    new_scores = alive.scores / gnmt_length_penalty(generated, search.alpha)
+    best_scores = torch.cat([kept, new_scores], dim=1).gather(1, best)
+    lengths = finished.lengths.new_full((count, K), generated)
+    sequences = alive.sequences.view(count, K, -1)
+    _take(finished, alive.active, best, best_scores, sequences, alive.history, lengths, search)
+
+
+def _sentences_done(search: _Search, finished: _Finished, alive: _Alive, at_limit, bound_valid: bool):
+    """Step 4: which active sentences stop (the rules are in `paper_beam_search`'s docstring)."""
+    best_alive = alive.scores[:, 0]
+    done = at_limit | torch.isneginf(best_alive)
+    kept = finished.scores[alive.active]
+    if search.rules == "fairseq":
+        return done | ~torch.isneginf(kept[:, -1])
+    if bound_valid:  # t2t `_is_not_finished`
+        reference = kept[:, 0] if search.num_return_sequences == 1 else kept[:, -1]
+        bound = best_alive / gnmt_length_penalty(search.limits[alive.active].to(best_alive.dtype), search.alpha)
+        done |= reference > bound
+    return done
+
+
+class _StepOutputs:
+    """Per-step outputs in transformers' beam search layout: one row per running beam of the full batch."""
+
+    def __init__(self, generation_config: GenerationConfig, total_rows: int):
+        wanted = generation_config.return_dict_in_generate
+        self.total_rows = total_rows
+        self.scores = () if wanted and generation_config.output_scores else None
+        self.logits = () if wanted and generation_config.output_logits else None
+        self.attentions = ((), ()) if wanted and generation_config.output_attentions else None
+        self.hidden_states = () if wanted and generation_config.output_hidden_states else None
+
+    def add(self, outputs, log_probs: torch.Tensor, logits: torch.Tensor, active: torch.Tensor, num_beams: int):
+        """Records one step's outputs of the active sentences' rows (other rows: -inf scores and logits, else 0)."""
+        if self.scores is None and self.logits is None and self.attentions is None and self.hidden_states is None:
+            return
+        rows = (active[:, None] * num_beams + torch.arange(num_beams, device=active.device)).view(-1)
+        if self.scores is not None:
+            self.scores += (_scatter_rows(log_probs, rows, self.total_rows, -math.inf),)
+        if self.logits is not None:
+            self.logits += (_scatter_rows(logits, rows, self.total_rows, -math.inf),)
+        if self.attentions is not None:
+            decoder, cross = self.attentions
+            self.attentions = (
+                decoder + (tuple(_scatter_rows(a, rows, self.total_rows, 0.0) for a in outputs.decoder_attentions),),
+                cross + (tuple(_scatter_rows(a, rows, self.total_rows, 0.0) for a in outputs.cross_attentions),),
+            )
+        if self.hidden_states is not None:
+            states = tuple(_scatter_rows(h, rows, self.total_rows, 0.0) for h in outputs.decoder_hidden_states)
+            self.hidden_states += (states,)
+
+
+def _scatter_rows(values: torch.Tensor, rows: torch.Tensor, total_rows: int, fill: float) -> torch.Tensor:
+    """Rows of the active sentences placed in a tensor of `total_rows` rows; other rows hold `fill`."""
     if values.shape[0] == total_rows:
         return values.clone()
-    full = values.new_full((total_rows, values.shape[-1]), -math.inf)
+    full = values.new_full((total_rows, *values.shape[1:]), fill)
     full[rows] = values
     return full
+
+
+def _outputs(model, search: _Search, finished: _Finished, record: _StepOutputs, generation_config, kwargs, use_cache):
+    """The best num_return_sequences hypotheses per sentence, best first, cropped to the longest; or the output dict."""
+    n = search.num_return_sequences
+    batch_size = finished.scores.shape[0]
+    output_length = int(finished.lengths[:, :n].max())
+    sequences = finished.sequences[:, :n, : search.prompt_length + output_length].reshape(batch_size * n, -1)
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    encoder_outputs = kwargs["encoder_outputs"]
+    decoder_attentions, cross_attentions = record.attentions if record.attentions is not None else (None, None)
+    return GenerateBeamEncoderDecoderOutput(
+        sequences=sequences,
+        sequences_scores=finished.scores[:, :n].reshape(-1) if generation_config.output_scores else None,
+        scores=record.scores,
+        logits=record.logits,
+        beam_indices=finished.history[:, :n, :output_length].reshape(batch_size * n, -1),
+        encoder_attentions=encoder_outputs.get("attentions") if generation_config.output_attentions else None,
+        encoder_hidden_states=encoder_outputs.get("hidden_states") if generation_config.output_hidden_states else None,
+        decoder_attentions=decoder_attentions,
+        cross_attentions=cross_attentions,
+        decoder_hidden_states=record.hidden_states,
+        cache=_cache_of(model, search, sequences, kwargs) if use_cache else None,
+    )
+
+
+def _cache_of(model, search: _Search, sequences: torch.Tensor, kwargs: dict):
+    """A fresh key/value cache of the returned sequences but their last token: one decoder pass over them."""
+    K, n = search.num_beams, search.num_return_sequences
+    # Row b * K of the expanded inputs is sentence b's; each returned sequence takes its sentence's row.
+    rows = torch.arange(sequences.shape[0] // n, device=sequences.device).repeat_interleave(n) * K
+    attention_mask = kwargs.get("attention_mask")
+    outputs = model(
+        encoder_outputs=(kwargs["encoder_outputs"].last_hidden_state[rows],),
+        attention_mask=attention_mask[rows] if attention_mask is not None else None,
+        decoder_input_ids=sequences[:, :-1],
+        decoder_attention_mask=_decoder_mask(
+            kwargs["decoder_attention_mask"][rows] if kwargs.get("decoder_attention_mask") is not None else None,
+            sequences.shape[-1] - 1,
+        ),
+        use_cache=True,
+        return_dict=True,
+    )
+    return outputs.cache

@@ -6,7 +6,8 @@ Paper (Section 6.1): the base models average the last 5 checkpoints, the big mod
     python scripts/average_checkpoints.py runs/base --num-last 5 --output-dir runs/base/averaged
     python scripts/average_checkpoints.py runs/base/checkpoint-90000 runs/base/checkpoint-100000 --output-dir avg
 
-Incomplete checkpoints (no readable model.safetensors or no trainer_state.json) are skipped with a warning;
+Incomplete checkpoints (no model.safetensors or trainer_state.json, or a file that does not load: a safetensors
+file cut short, JSON that does not parse, a torch archive cut short) are skipped with a warning naming the file;
 fewer valid checkpoints than --num-last is an error. See `vaswani_transformer.averaging.average_checkpoints`.
 """
 

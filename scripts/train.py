@@ -4,7 +4,8 @@
 The first argument may be a YAML/JSON recipe (see configs/); any `--flag value` after it overrides the recipe.
 All of `Seq2SeqTrainingArguments` is accepted, plus the data/model flags of transformers' run_translation.py
 example and ours (--preset, --config_overrides, --max_tokens_per_batch, --tokens_per_update, --synthetic_task,
---average_last_checkpoints, --lr_factor, --save_every_minutes). `--help` lists everything.
+--average_last_checkpoints, --lr_factor, --save_every_minutes). `--preset` sets the model and the training values
+of its Table 3 row (label smoothing, max_steps); a flag or recipe key the user gives wins. `--help` lists everything.
 """
 
 import os

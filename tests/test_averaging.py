@@ -158,6 +158,46 @@ def test_too_few_valid_checkpoints_is_a_clear_error(tmp_path):
     assert not (tmp_path / "avg").exists()
 
 
+def resumable_checkpoint(path: Path) -> Path:
+    """A checkpoint as the Trainer writes it: weights, trainer state, optimizer and scheduler states (torch.save zips),
+    rng state and training arguments."""
+    model = tiny_model()
+    write_checkpoint(model, path, tiny_tokenizer())
+    optimizer = torch.optim.Adam(model.parameters())
+    model(input_ids=torch.tensor([[5, 6, 2]]), labels=torch.tensor([[7, 2]])).loss.backward()
+    optimizer.step()
+    torch.save(optimizer.state_dict(), path / "optimizer.pt")
+    torch.save({"last_epoch": 1}, path / "scheduler.pt")
+    torch.save({"python": [1, 2, 3], "cpu": torch.get_rng_state()}, path / "rng_state.pth")
+    return path
+
+
+@pytest.mark.parametrize("damage", ["weights", "optimizer", "scheduler", "rng", "state", "config", "shard"])
+def test_a_checkpoint_is_complete_only_when_every_file_loads(tmp_path, damage):
+    """One rule for averaging and resuming: a file cut short (or JSON that does not parse) makes the checkpoint
+    incomplete, naming the file; a whole checkpoint passes both checks."""
+    from vaswani_transformer.averaging import checkpoint_problem
+    from vaswani_transformer.training import find_last_complete_checkpoint
+
+    run = tmp_path / "run"
+    older, newest = resumable_checkpoint(run / "checkpoint-1"), resumable_checkpoint(run / "checkpoint-2")
+    assert checkpoint_problem(newest) is None and checkpoint_problem(newest, for_resume=True) is None
+    name = {"weights": "model.safetensors", "optimizer": "optimizer.pt", "scheduler": "scheduler.pt",
+            "rng": "rng_state.pth", "state": "trainer_state.json", "config": "config.json"}.get(damage)  # fmt: skip
+    if damage == "shard":  # sharded weights whose index names a shard that is not there
+        (newest / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}))  # fmt: skip
+        name = "model-00002-of-00002.safetensors"
+        assert name in checkpoint_problem(newest, for_resume=True)
+    else:
+        data = (newest / name).read_bytes()
+        (newest / name).write_bytes(data[: len(data) - 40])  # the end of the file never reached the disk
+        for_averaging, for_resume = checkpoint_problem(newest), checkpoint_problem(newest, for_resume=True)
+        assert name in for_averaging and for_averaging == for_resume
+    assert find_last_complete_checkpoint(run) == str(older)  # what --resume_from_checkpoint latest picks
+    assert (run / "incomplete-checkpoint-2").is_dir()
+
+
 def test_bad_inputs(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such directory"):
         average_checkpoints(tmp_path / "missing", output_dir=tmp_path / "avg")

@@ -197,6 +197,27 @@ def test_tokenize_and_filters_count_every_dropped_pair(tmp_path, tokenizer):
     assert report3.streaming and report3.splits["train"] == report.splits["train"]
 
 
+def test_filters_apply_only_to_the_splits_named(tmp_path, tokenizer):
+    """filter_splits=("train",): the training split is filtered, evaluation splits keep every pair (empty ones too)."""
+    pairs = PAIRS + [("", "leer"), ("word " * 40, "Wort")]
+    for name in ("train", "test"):
+        (tmp_path / f"{name}.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+        (tmp_path / f"{name}.de").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    limits = dict(max_source_tokens=30, max_target_tokens=30, max_length_ratio=3.0)
+    expected = expected_reasons(pairs, tokenizer, 30, 30, 3.0)
+    for streaming in (False, True):
+        raw = load_parallel_dataset(train_file=str(tmp_path / "train"), test_file=str(tmp_path / "test"),
+                                    streaming=streaming, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+        ds, report = tokenize_parallel_dataset(raw, tokenizer, "en", "de", **limits, keep_text=True,
+                                               filter_splits=("train",))  # fmt: skip
+        assert as_pairs(ds["train"]) == [p for p, r in zip(pairs, expected) if r == "kept"]
+        test_rows = list(ds["test"])  # once: streaming counts fill in while iterating
+        assert as_pairs(test_rows) == pairs
+        assert [row["input_ids"] for row in test_rows] == [tokenizer(s)["input_ids"] for s, _ in pairs]
+        assert report.splits["test"] == {"total": len(pairs), "kept": len(pairs), **{r: 0 for r in FILTER_RULES}}
+        assert report.kept("train") == expected.count("kept") < len(pairs)
+
+
 @pytest.mark.slow
 def test_tokenize_with_num_proc_matches_single_process(tmp_path, tokenizer):
     data = write_formats(tmp_path / "data", PAIRS * 20)

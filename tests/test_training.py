@@ -1,6 +1,7 @@
 """Training: the paper's schedule and optimizer, recipes, the real script end to end, faults and resume after SIGKILL."""
 
 import json
+import logging
 import os
 import random
 import signal
@@ -152,6 +153,64 @@ def test_label_smoothed_loss_equals_transformers_label_smoother_and_the_formula(
     assert summed.item() == pytest.approx(formula.item() / 2, rel=1e-5)  # normalised by the update's token count
 
 
+class _KeepGradients(TrainerCallback):
+    """The loss logged for update 1 and every parameter's gradient just before its optimizer step."""
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def _pad_batch(features):
+    """A plain collator: sources padded with 0 (masked), labels with -100."""
+    width_s = max(len(f["input_ids"]) for f in features)
+    width_t = max(len(f["labels"]) for f in features)
+    ids = torch.tensor([f["input_ids"] + [0] * (width_s - len(f["input_ids"])) for f in features])
+    labels = torch.tensor([f["labels"] + [-100] * (width_t - len(f["labels"])) for f in features])
+    return {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": labels}
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_update_loss_and_gradient_are_the_mean_over_the_updates_target_tokens(tmp_path, epsilon):
+    """Gradient accumulation over two micro-batches of very different token counts: the loss and the gradient of the
+    update are those of the per-token mean over all its target tokens (float64 reference, one pair at a time), for
+    every label smoothing including 0 (which used to fall back to the model's per-micro-batch mean)."""
+    import copy
+
+    torch.manual_seed(0)
+    model = VaswaniTransformerForConditionalGeneration(VaswaniTransformerConfig(
+        vocab_size=50, d_model=16, d_ff=32, num_heads=2, encoder_layers=1, decoder_layers=1, dropout=0.0))  # fmt: skip
+    rng = random.Random(1)
+    lengths = [(3, 2), (4, 3), (9, 12), (7, 14)]  # one update = 4 pairs; the micro-batches differ in tokens
+    pairs = [{"input_ids": [rng.randrange(4, 50) for _ in range(s - 1)] + [2],
+              "labels": [rng.randrange(4, 50) for _ in range(t - 1)] + [2]} for s, t in lengths]  # fmt: skip
+    reference_model = copy.deepcopy(model).double()
+    total_tokens = sum(len(p["labels"]) for p in pairs)
+    reference = 0.0
+    for pair in pairs:  # sum over every target token of the update, then divide by their number
+        labels = torch.tensor([pair["labels"]])
+        logits = reference_model(input_ids=torch.tensor([pair["input_ids"]]), labels=labels).logits[0]
+        log_p = torch.log_softmax(logits, -1)
+        nll = -log_p.gather(-1, labels[0].unsqueeze(-1)).squeeze(-1)
+        reference = reference + ((1 - epsilon) * nll + epsilon * -log_p.mean(-1)).sum()
+    reference = reference / total_tokens
+    reference.backward()
+
+    record = _KeepGradients()
+    args = VaswaniTrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", label_smoothing_factor=epsilon, max_steps=1,
+        per_device_train_batch_size=2, gradient_accumulation_steps=2, logging_steps=1, save_strategy="no",
+        warmup_steps=10, remove_unused_columns=False, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = VaswaniSeq2SeqTrainer(model=model, args=args, train_dataset=pairs, data_collator=_pad_batch,
+                                    callbacks=[record])  # fmt: skip
+    trainer.train()
+    logged = next(h["loss"] for h in trainer.state.log_history if "loss" in h)
+    assert logged == pytest.approx(reference.item(), rel=1e-4)
+    expected = dict(reference_model.named_parameters())
+    for name, grad in record.grads.items():
+        torch.testing.assert_close(grad.double(), expected[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_gradient_accumulation_from_tokens_per_update():
     assert gradient_accumulation_for(25000, 25000, 1) == 1
     assert gradient_accumulation_for(25000, 3125, 8) == 1  # the paper: 8 GPUs
@@ -174,6 +233,47 @@ def test_recipe_files_and_overrides(tmp_path):
     assert parse_config_overrides(model_args.config_overrides) == {"d_model": 64, "dropout": 0.3}
     (tmp_path / "r.json").write_text(json.dumps({"output_dir": "o2", "tokens_per_update": 25000}))
     assert parse_arguments([str(tmp_path / "r.json")])[1].tokens_per_update == 25000
+
+
+def test_preset_sets_its_training_values_and_explicit_values_win(tmp_path):
+    """Paper, Table 3 and 5.4: base 100k updates, big 300k, label smoothing 0.1 except rows D-ls (0.0 / 0.2)."""
+
+    def parsed(*argv):
+        model_args, _, training_args = parse_arguments(["--output_dir", str(tmp_path), *argv])
+        args = training_args
+        return model_args.preset, args.label_smoothing_factor, args.max_steps, args.warmup_steps
+
+    assert parsed() == ("base", 0.1, 100_000, 4000)
+    assert parsed("--preset", "big") == ("big", 0.1, 300_000, 4000)
+    assert parsed("--preset", "D-ls0.0") == ("D-ls0.0", 0.0, 100_000, 4000)
+    assert parsed("--preset", "D-ls0.2") == ("D-ls0.2", 0.2, 100_000, 4000)
+    # an explicit flag wins, also when it repeats the dataclass default
+    assert parsed("--preset", "D-ls0.0", "--label_smoothing_factor", "0.1") == ("D-ls0.0", 0.1, 100_000, 4000)
+    assert parsed("--preset", "big", "--max_steps", "7", "--warmup_steps", "3") == ("big", 0.1, 7, 3)
+    # epochs given: the preset's update count would override them in the Trainer, so it is left out
+    assert parsed("--preset", "big", "--num_train_epochs", "2")[2] == -1
+    # a recipe key wins over the preset (its own or the command line's), a flag over the recipe
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("output_dir: out\npreset: D-ls0.2\nmax_steps: 50\n")
+    _, _, training_args = parse_arguments([str(recipe)])
+    assert (training_args.label_smoothing_factor, training_args.max_steps) == (0.2, 50)
+    _, _, training_args = parse_arguments([str(recipe), "--preset", "big", "--label_smoothing_factor", "0.3"])
+    assert (training_args.label_smoothing_factor, training_args.max_steps) == (0.3, 50)
+    recipe.write_text("output_dir: out\npreset: big\nlabel_smoothing_factor: 0.0\n")
+    _, _, training_args = parse_arguments([str(recipe)])
+    assert (training_args.label_smoothing_factor, training_args.max_steps) == (0.0, 300_000)
+
+
+def test_learning_rate_with_the_paper_schedule_is_an_error_naming_lr_factor(tmp_path):
+    with pytest.raises(ValueError, match=r"learning_rate=0.001 has no effect with lr_schedule=paper.*lr_factor"):
+        parse_arguments(["--output_dir", str(tmp_path), "--learning_rate", "1e-3"])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("output_dir: out\nlearning_rate: 0.5\n")
+    with pytest.raises(ValueError, match="lr_factor"):
+        parse_arguments([str(recipe)])
+    hf = parse_arguments(["--output_dir", str(tmp_path), "--learning_rate", "1e-3", "--lr_schedule", "hf"])[2]
+    assert hf.learning_rate == 1e-3
+    assert parse_arguments(["--output_dir", str(tmp_path), "--lr_factor", "2"])[2].lr_factor == 2
 
 
 def test_unknown_recipe_key_lists_valid_ones(tmp_path):
@@ -223,6 +323,32 @@ def test_train_script_loss_falls_and_evaluates(tmp_path):
     assert (out / "averaged" / "model.safetensors").is_file()
     assert "Training summary" in result.stdout and "Test BLEU" in result.stdout
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-40"]
+
+
+def test_evaluation_sets_are_scored_whole_and_long_sources_truncated_with_a_warning(tmp_path, caplog):
+    """The length and ratio filters drop training pairs only: every test pair is translated and scored; a source
+    longer than the model can take (12 learned positions) is cut to its first 12 tokens with a warning naming it."""
+    data = write_fixture(tmp_path / "data", n_train=200)
+    test = [("ba", "BA"), ("da ge ki mo", "X"), ("nu pa", "PA NU")] * 2  # ratio and length: dropped if filtered
+    test.insert(3, (" ".join(["ba", "ke", "mi", "po", "su"] * 8), "Y"))  # 40 words: longer than 12 positions
+    (data / "test.src").write_text("".join(s + "\n" for s, _ in test), encoding="utf-8")
+    (data / "test.tgt").write_text("".join(t + "\n" for _, t in test), encoding="utf-8")
+    out = tmp_path / "out"
+    result = main(tiny_args(
+        data, out, "--config_overrides", TINY_MODEL + ",position_encoding=learned,max_position_embeddings=12",
+        "--max_steps", "2", "--max_length_ratio", "1.5", "--max_source_length", "6", "--do_predict",
+        "--test_file", str(data / "test"), "--generation_num_beams", "1", "--per_device_eval_batch_size", "8",
+    ))  # fmt: skip
+    splits = result["filtered"]["splits"]
+    assert splits["train"]["kept"] < splits["train"]["total"]  # the training filters did drop pairs
+    assert splits["test"]["total"] == splits["test"]["kept"] == 7  # nothing dropped, for any rule
+    assert not any(count for rule, count in splits["test"].items() if rule not in ("total", "kept"))
+    assert splits["validation"]["kept"] == splits["validation"]["total"] == 12
+    hypotheses = (out / "test_translations.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(hypotheses) == len(test)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "the source has" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(f"{data / 'test'}:4: the source has ")
+    assert "scoring its first 12 tokens" in warned[0]
 
 
 class _RecordModel(TrainerCallback):
@@ -297,12 +423,93 @@ class _PoisonWeights(TrainerCallback):
 def test_nan_loss_stops_naming_the_update_and_keeps_last_checkpoint(tmp_path):
     data = write_fixture(tmp_path / "data", n_train=100)
     out = tmp_path / "out"
-    with pytest.raises(NonFiniteLossError, match="at update 5"):
+    with pytest.raises(NonFiniteLossError, match="at update 5") as stopped:
         main(tiny_args(data, out, "--max_steps", "10", "--save_steps", "2"), callbacks=[_PoisonWeights(4)])
+    assert f"The last checkpoint, {out / 'checkpoint-4'}, is from before this update" in str(stopped.value)
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     assert find_last_complete_checkpoint(out) == str(out / "checkpoint-4")
     weights = load_file(out / "checkpoint-4" / "model.safetensors")
     assert all(torch.isfinite(t).all() for t in weights.values())
+    # no checkpoint written yet: the message says so (and none is written for the NaN weights)
+    with pytest.raises(NonFiniteLossError, match=f"at update 1: .*No checkpoint was written in {tmp_path / 'out2'}"):
+        main(tiny_args(data, tmp_path / "out2", "--max_steps", "10", "--save_strategy", "no"),
+             callbacks=[_PoisonWeights(0)])  # fmt: skip
+    assert not list((tmp_path / "out2").glob("checkpoint-*"))
+
+
+class _CountSaves(TrainerCallback):
+    def __init__(self):
+        self.saved_at = []
+
+    def on_save(self, args, state, control, **kwargs):
+        self.saved_at.append(state.global_step)
+
+
+def test_end_of_training_is_a_checkpoint_and_is_averaged(tmp_path):
+    """With time-based saves only (save_strategy no, every 60 minutes) the last update is still saved as a checkpoint
+    and averaged; when the last update is saved anyway, it is saved once."""
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out, saves = tmp_path / "out", _CountSaves()
+    result = main(tiny_args(data, out, "--max_steps", "3", "--save_strategy", "no", "--save_every_minutes", "60",
+                            "--average_last_checkpoints", "5"), callbacks=[saves])  # fmt: skip
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"] and saves.saved_at == [3]
+    record = json.loads((out / "averaged" / "averaged_checkpoints.json").read_text())
+    assert record["checkpoints"] == [str(out / "checkpoint-3")] and result["averaged_model"] == str(out / "averaged")
+    final = load_file(out / "model.safetensors")
+    for name, tensor in load_file(out / "checkpoint-3" / "model.safetensors").items():
+        assert torch.equal(tensor, final[name]), name  # the checkpoint holds the final weights
+    out2, saves2 = tmp_path / "out2", _CountSaves()
+    main(tiny_args(data, out2, "--max_steps", "4", "--save_steps", "2"), callbacks=[saves2])
+    assert saves2.saved_at == [2, 4]
+    assert sorted(p.name for p in out2.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+
+class _Records(logging.Handler):
+    """Keeps the messages of a logger (transformers' loggers do not propagate to pytest's caplog)."""
+
+    def __init__(self, name: str):
+        super().__init__(logging.WARNING)
+        self.messages, self.logger = [], logging.getLogger(name)
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+    def __enter__(self):
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+
+
+def test_resume_latest_skips_a_truncated_checkpoint_and_keeps_totals(tmp_path):
+    """--resume_from_checkpoint latest passes over a checkpoint whose model.safetensors is cut short (moved aside);
+    the resumed run ends with the same losses and totals as the uninterrupted one, and logs no false missing keys."""
+    data = write_fixture(tmp_path / "data", n_train=60)
+    out = tmp_path / "out"
+    first = main(tiny_args(data, out, "--max_steps", "4", "--save_steps", "2"))["summary"]
+    expected = losses(out / "trainer_state.json")
+    weights = out / "checkpoint-4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    with _Records("transformers") as warned:
+        resumed = main(tiny_args(data, out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint",
+                                 "latest"))  # fmt: skip
+    assert (out / "incomplete-checkpoint-4" / "model.safetensors").is_file()
+    assert not [m for m in warned.messages if "missing keys" in m], warned.messages
+    got = losses(out / "trainer_state.json")
+    for step in (3, 4):
+        assert got[step] == pytest.approx(expected[step], abs=1e-6)
+    summary = resumed["summary"]
+    assert (summary["updates"], summary["updates_this_run"]) == (4, 2)
+    # totals cover updates 1-4 like the uninterrupted run; this run's figures cover updates 3-4
+    assert summary["target_tokens_seen"] == first["target_tokens_seen"]
+    assert summary["source_tokens_seen"] == first["source_tokens_seen"]
+    saved = json.loads((out / "incomplete-checkpoint-4" / "trainer_state.json").read_text())
+    at_2 = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["stateful_callbacks"]
+    before = at_2["TrainingTotalsCallback"]["attributes"]["target"]
+    assert 0 < before < first["target_tokens_seen"] and saved["global_step"] == 4
+    assert summary["target_tokens_this_run"] == first["target_tokens_seen"] - before
+    assert summary["wall_time_seconds"] >= summary["wall_time_seconds_this_run"] > 0
 
 
 @pytest.mark.slow

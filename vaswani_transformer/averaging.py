@@ -1,10 +1,11 @@
 """Checkpoint averaging (paper, Section 6.1: the base models average the last 5 checkpoints, the big ones 20).
 
 `average_checkpoints(run_dir_or_list, num_last, output_dir)` averages the parameters of the newest `num_last`
-complete Trainer checkpoints (`checkpoint-<step>` folders with `model.safetensors` and `trainer_state.json`)
-in float64, casts each tensor back to its stored dtype and writes a folder that `from_pretrained` loads:
-weights through the model class (`save_pretrained`, so tied embeddings stay one tensor), config, generation
-config and the tokenizer of the newest checkpoint (or of the run directory).
+complete Trainer checkpoints (`checkpoint-<step>` folders with `model.safetensors` and `trainer_state.json`, every
+file of which loads: `checkpoint_problem`, the rule resuming uses too) in float64, casts each tensor back to its
+stored dtype and writes a folder that `from_pretrained` loads: weights through the model class (`save_pretrained`,
+so tied embeddings stay one tensor), config, generation config and the tokenizer of the newest checkpoint (or of
+the run directory).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import warnings
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,12 +64,43 @@ def find_checkpoints(run_dir: os.PathLike | str) -> list[Path]:
     return sorted(found, key=checkpoint_step)
 
 
-def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str | None:
-    """Why `path` is not a complete Trainer checkpoint, or None when it is (weights are read later).
+def file_problem(path: os.PathLike | str) -> str | None:
+    """Why the checkpoint file `path` would not load, or None when it is whole (read without loading tensors).
 
-    The Trainer writes `trainer_state.json` last, so a checkpoint whose state file is missing or unreadable was left
-    half-written (a run killed while saving). Averaging needs `model.safetensors`; resuming (`for_resume`) accepts
-    any weights format the Trainer saves and also needs the optimizer and scheduler states.
+    `*.safetensors`: safetensors' own header reader, which also refuses a file whose size differs from the end of the
+    header's last tensor (a truncated file); `*.json`: must parse; `*.bin`, `*.pt`, `*.pth` (torch.save, e.g.
+    `optimizer.pt`, `scheduler.pt`, `rng_state.pth`): a zip archive whose directory (at the end of the file) reads
+    and whose every member lies inside the file, checked without unpickling anything.
+    """
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:
+            return f"empty {path.name}"
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt"):
+                pass
+        elif path.suffix == ".json":
+            json.loads(path.read_text(encoding="utf-8"))
+        elif path.suffix in (".bin", ".pt", ".pth"):
+            size = path.stat().st_size
+            with zipfile.ZipFile(path) as archive:
+                for info in archive.infolist():
+                    if info.header_offset + info.compress_size > size:
+                        return f"truncated {path.name} (member {info.filename} ends past the end of the file)"
+    except Exception as error:  # OSError, JSON and zip errors, and safetensors' own error type
+        return f"unreadable {path.name}: {error}"
+    return None
+
+
+def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str | None:
+    """Why `path` is not a complete Trainer checkpoint, or None when it is: the one rule for averaging and resuming.
+
+    Complete means every file in it loads (`file_problem`: safetensors header and size agree, JSON parses, torch
+    archives are whole) and the needed files exist: `trainer_state.json` (the Trainer writes it last, so without it
+    the checkpoint was left half-written by a run killed while saving) and the weights (`model.safetensors` for
+    averaging; any weights format the Trainer saves, plus the optimizer and scheduler states, for resuming).
     """
     path = Path(path)
     if not path.is_dir():
@@ -75,20 +108,22 @@ def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str
     weight_files = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_NAME + ".index.json", "pytorch_model.bin")
     if for_resume and not any((path / name).is_file() for name in weight_files):
         return "missing model weights"
-    weights = path / SAFE_WEIGHTS_NAME
-    if not for_resume and not weights.is_file():
+    if not for_resume and not (path / SAFE_WEIGHTS_NAME).is_file():
         return f"missing {SAFE_WEIGHTS_NAME}"
-    if not for_resume and weights.stat().st_size == 0:
-        return f"empty {SAFE_WEIGHTS_NAME}"
-    state = path / TRAINER_STATE_NAME
-    if not state.is_file():
+    if not (path / TRAINER_STATE_NAME).is_file():
         return f"missing {TRAINER_STATE_NAME} (checkpoint not finished)"
-    try:
-        json.loads(state.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return f"unreadable {TRAINER_STATE_NAME}: {error}"
     if for_resume and not (any(path.glob("optimizer*")) and any(path.glob("scheduler*"))):
         return "missing optimizer or scheduler state"
+    for file in sorted(path.iterdir()):
+        problem = file_problem(file) if file.is_file() else None
+        if problem is not None:
+            return problem
+    index = path / (SAFE_WEIGHTS_NAME + ".index.json")
+    if index.is_file():  # sharded weights: every shard the index names must be there
+        shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+        absent = sorted(name for name in shards if not (path / name).is_file())
+        if absent:
+            return f"missing weight shard(s) {absent}"
     return None
 
 
@@ -137,11 +172,12 @@ def average_checkpoints(
     num_last: how many to average (paper: 5 for base, 20 for big); None averages every valid candidate.
     model_class: class whose `from_pretrained` loads a checkpoint (default `AutoModelForSeq2SeqLM`).
 
-    A candidate without a readable `model.safetensors` or without `trainer_state.json` (a half-written
-    checkpoint) is skipped with a warning naming it; fewer valid checkpoints than `num_last` is a ValueError
-    listing what was found and what was skipped. Floating tensors are averaged in float64 and cast back to
-    their stored dtype; other tensors (integer buffers) must be identical in every checkpoint. The output
-    also gets `averaged_checkpoints.json` recording the averaged and skipped checkpoints.
+    A candidate that is not complete (`checkpoint_problem`: no `model.safetensors` or `trainer_state.json`, or a
+    file that does not load, as in a half-written checkpoint) is skipped with a warning naming it and the file;
+    fewer valid checkpoints than `num_last` is a ValueError listing what was found and what was skipped. Floating
+    tensors are averaged in float64 and cast back to their stored dtype; other tensors (integer buffers) must be
+    identical in every checkpoint. The output also gets `averaged_checkpoints.json` recording the averaged and
+    skipped checkpoints.
     """
     if num_last is not None and (not isinstance(num_last, int) or num_last < 1):
         raise ValueError(f"num_last must be a positive integer or None, got {num_last!r}.")
@@ -256,5 +292,6 @@ __all__ = [
     "average_checkpoints",
     "checkpoint_problem",
     "checkpoint_step",
+    "file_problem",
     "find_checkpoints",
 ]

@@ -62,7 +62,8 @@ def _preset(name: str) -> dict[str, dict]:
 
 
 def preset_training_arguments(name: str) -> dict:
-    """The training-recipe values of a preset (label smoothing, steps, warmup), for the training code."""
+    """The training-recipe values of a preset (label smoothing, steps, warmup): `scripts/train.py` trains with them
+    unless a flag or recipe key sets them (`training.preset_training_defaults`)."""
     return {**_BASE_TRAINING, **copy.deepcopy(_preset(name)["training"])}
 
 
@@ -88,7 +89,7 @@ class VaswaniTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "vaswani_transformer"
-    keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the cache output before / since transformers 5.24
+    keys_to_ignore_at_inference = ["cache"]  # outputs the Trainer drops in evaluation: the key/value cache
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "num_heads",

@@ -20,7 +20,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -376,6 +376,7 @@ def tokenize_parallel_dataset(
     batch_size: int = 1000,
     keep_text: bool = False,
     load_from_cache_file: bool = True,
+    filter_splits: Collection[str] | None = None,
 ) -> tuple[DatasetDict | IterableDatasetDict, FilterReport]:
     """Tokenise both sides (``datasets.map(batched=True, num_proc=...)``, cached) and apply the filters.
 
@@ -386,6 +387,9 @@ def tokenize_parallel_dataset(
     ``source_too_long`` / ``target_too_long``: more than ``max_source_tokens`` / ``max_target_tokens`` tokens
     (``</s>`` included; set them to the batch ``max_tokens`` so that no pair is too long to batch);
     ``length_ratio``: longer / shorter side > ``max_length_ratio``, counted without ``</s>``.
+
+    ``filter_splits``: the splits the rules apply to (None: all). Training passes ``("train",)``: evaluation sets
+    are scored whole, every pair kept (reported with ``kept == total``).
 
     Returns the filtered dataset and a :class:`FilterReport`; the counts are also logged at INFO level.
     """
@@ -418,14 +422,15 @@ def tokenize_parallel_dataset(
     out = {}
     for split, ds in dataset.items():
         remove = [] if keep_text else ["translation"]
+        filtered = filter_splits is None or split in filter_splits
         if streaming:
             counts = report.splits.setdefault(split, {"total": 0, "kept": 0, **{r: 0 for r in FILTER_RULES}})
 
-            def keep(reasons: list[int], counts: dict[str, int] = counts) -> list[bool]:
+            def keep(reasons: list[int], counts: dict[str, int] = counts, filtered: bool = filtered) -> list[bool]:
                 for r in reasons:
                     counts["total"] += 1
-                    counts["kept" if r == 0 else FILTER_RULES[r - 1]] += 1
-                return [r == 0 for r in reasons]
+                    counts["kept" if r == 0 or not filtered else FILTER_RULES[r - 1]] += 1
+                return [r == 0 or not filtered for r in reasons]
 
             mapped = ds.map(encode, batched=True, batch_size=batch_size, remove_columns=remove)
             out[split] = mapped.filter(keep, input_columns=_DROP_COLUMN, batched=True).remove_columns(_DROP_COLUMN)
@@ -440,6 +445,8 @@ def tokenize_parallel_dataset(
             desc=f"Tokenizing {split}",
         )
         reasons = np.asarray(mapped.with_format("numpy")[_DROP_COLUMN], dtype=np.int64)
+        if not filtered:
+            reasons = np.zeros_like(reasons)  # an evaluation set: every pair kept
         histogram = np.bincount(reasons, minlength=len(FILTER_RULES) + 1)
         report.splits[split] = {
             "total": len(reasons),

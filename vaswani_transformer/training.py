@@ -6,13 +6,20 @@ The recipe (section 5.3 and 5.4 of the paper) is the default of :class:`VaswaniT
 * ``lr = lr_factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)`` with ``warmup_steps=4000``
   (:func:`paper_learning_rate`); update number ``n`` (1-based, as in the paper) uses ``step = n``;
 * label smoothing 0.1; no gradient clipping (``max_grad_norm=0``) unless asked;
+* ``--preset`` sets everything its Table 3 row changes: the model and the training values
+  (``preset_training_arguments``: label smoothing, ``max_steps`` 100k base / 300k big, warmup); an explicit flag or
+  recipe key wins (:func:`given_arguments` tells which the user gave);
 * batches of about ``max_tokens_per_batch`` source and target tokens per device from
   :class:`vaswani_transformer.data.TokenBatchSampler`; ``tokens_per_update`` (25000 in the paper: 8 GPUs x ~3k)
   sets ``gradient_accumulation_steps = round(tokens_per_update / (max_tokens_per_batch * num_processes))``.
 
-Loss normalisation: the label-smoothed cross-entropy is summed over the target tokens of the whole update (all
-accumulation steps and all processes: transformers' ``num_items_in_batch``) and divided by their number, so every
-target token weighs the same, as in the paper's token batches (:meth:`VaswaniSeq2SeqTrainer.compute_loss`).
+Loss normalisation: the label-smoothed cross-entropy (any eps, 0 included) is summed over the target tokens of the
+whole update (all accumulation steps and all processes: transformers' ``num_items_in_batch``) and divided by their
+number, so every target token weighs the same, as in the paper's token batches
+(:meth:`VaswaniSeq2SeqTrainer.compute_loss`).
+
+Data: the length and ratio filters apply to the training split only; validation and test sets are scored whole (a
+source longer than a learned-position model takes is truncated with a warning naming it, as translate does).
 
 Distributed: each rank builds the sampler with its own ``rank`` (batch ``j`` of an epoch goes to rank
 ``j % num_processes``); the DataLoader is prepared by accelerate for device placement, and the
@@ -21,12 +28,14 @@ thing transformers does for its own rank-aware ``BatchRebalanceSampler``). DDP a
 stay identical across ranks.
 
 Checkpoints: ``save_steps`` and/or ``save_every_minutes`` (the paper: every 10 minutes; the decision is made on
-rank 0 and broadcast); ``resume_from_checkpoint="latest"`` resumes from the newest *complete* checkpoint
-(:func:`find_last_complete_checkpoint`); half-written ones (a run killed while saving) are moved aside to
-``incomplete-checkpoint-N`` with a warning, never resumed from.
+rank 0 and broadcast), and always the last update (:class:`SaveAtEndCallback`), so the final weights are averaged;
+``resume_from_checkpoint="latest"`` resumes from the newest *complete* checkpoint, every file of which loads
+(:func:`find_last_complete_checkpoint`, ``averaging.checkpoint_problem``: the rule averaging uses too); others (a
+run killed while saving) are moved aside to ``incomplete-checkpoint-N`` with a warning, never resumed from. Tokens
+and wall time trained so far travel in the checkpoints' trainer state, so the summary's totals survive resumes.
 
-Faults: a NaN or infinite loss raises :class:`NonFiniteLossError` naming the update before the optimizer steps,
-so the weights and the last saved checkpoint stay good.
+Faults: a NaN or infinite loss raises :class:`NonFiniteLossError` naming the update and the last complete
+checkpoint (or saying none was written) before the optimizer steps, so the weights and that checkpoint stay good.
 
 :func:`run_training` is the whole job (data, tokenizer, model, training, checkpoint averaging, test BLEU, example
 translations, summary); ``scripts/train.py`` only parses arguments for it.
@@ -52,12 +61,15 @@ from transformers import (
     Seq2SeqTrainingArguments,
     TrainerCallback,
 )
+from transformers.trainer_callback import ExportableState
 
 from .averaging import average_checkpoints, checkpoint_problem, find_checkpoints
+from .configuration_vaswani_transformer import preset_training_arguments
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_NAME = "training_summary.json"
+_BASE_TRAINING = preset_training_arguments("base")  # the paper's base recipe: the arguments' defaults
 LR_SCHEDULES = ("paper", "hf")
 
 
@@ -163,7 +175,11 @@ class ModelArguments:
         default=None,
         metadata={"help": "Tokenizer folder/id. Default: the model's, or a new shared BPE trained on the train split."},
     )
-    preset: str = field(default="base", metadata={"help": "Paper preset for a new model (base, big, Table 3 rows)."})
+    preset: str = field(
+        default="base",
+        metadata={"help": "Paper preset (base, big, Table 3 rows): the model of a new model and the training values "
+                  "of its row (label_smoothing_factor, max_steps, warmup_steps); a flag or recipe key overrides them."},
+    )
     config_overrides: str | None = field(
         default=None,
         metadata={"help": "Config fields for a new model, 'd_model=256,d_ff=1024' (a mapping in a recipe file)."},
@@ -199,10 +215,13 @@ class DataTrainingArguments:
     target_lang: str | None = field(default=None, metadata={"help": "Target language code (e.g. de)."})
     max_source_length: int | None = field(
         default=None,
-        metadata={"help": "Drop (and count) pairs whose source has more tokens (</s> included). Default: max_tokens_per_batch."},
+        metadata={"help": "Drop (and count) training pairs whose source has more tokens (</s> included); evaluation "
+                  "sets are scored whole. Default: max_tokens_per_batch."},
     )
     max_target_length: int | None = field(default=None, metadata={"help": "Same for the target side."})
-    max_length_ratio: float | None = field(default=None, metadata={"help": "Drop pairs with longer/shorter > this."})
+    max_length_ratio: float | None = field(
+        default=None, metadata={"help": "Drop training pairs with longer/shorter side > this."}
+    )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
     overwrite_cache: bool = field(default=False, metadata={"help": "Re-tokenise instead of using the cache."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training pairs."})
@@ -227,13 +246,18 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
 
     adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (paper: 0.98)."})
     adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (paper: 1e-9)."})
-    label_smoothing_factor: float = field(default=0.1, metadata={"help": "Label smoothing (paper: 0.1)."})
+    label_smoothing_factor: float = field(
+        default=_BASE_TRAINING["label_smoothing_factor"],
+        metadata={"help": "Label smoothing (paper: 0.1). Default: the preset's (0.0 / 0.2 for D-ls0.0 / D-ls0.2)."},
+    )
     max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping norm; 0 = none (paper)."})
-    warmup_steps: float = field(default=4000, metadata={"help": "Warmup updates (paper: 4000)."})
+    warmup_steps: float = field(
+        default=_BASE_TRAINING["warmup_steps"], metadata={"help": "Warmup updates (paper: 4000; the preset's)."}
+    )
     lr_schedule: str = field(
         default="paper",
-        metadata={"help": "paper: d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) * lr_factor (learning_rate is "
-                  "ignored); hf: transformers' lr_scheduler_type with learning_rate."},
+        metadata={"help": "paper: d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) * lr_factor (giving "
+                  "--learning_rate too is an error); hf: transformers' lr_scheduler_type with learning_rate."},
     )
     lr_factor: float = field(default=1.0, metadata={"help": "Multiplies the paper schedule (peak rate)."})
     save_every_minutes: float | None = field(
@@ -249,7 +273,7 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     keep_freed_cpu_memory: bool = field(
         default=True,
         metadata={"help": "Training on CPU: keep freed memory in the process (glibc malloc) instead of returning it "
-                  "to the OS every step; 10-18% faster steps for small models (see keep_freed_cpu_memory)."},
+                  "to the OS every step; 10 to 18 percent faster steps for small models (see keep_freed_cpu_memory)."},
     )
 
     def __post_init__(self):
@@ -314,18 +338,51 @@ def parse_arguments(argv: list[str] | None = None):
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser(ARGUMENT_CLASSES)
+    recipe: dict[str, Any] = {}
     if argv and not argv[0].startswith("-") and Path(argv[0]).suffix.lower() in (".yaml", ".yml", ".json"):
         recipe = load_recipe(argv.pop(0))
         for action in parser._actions:
             if action.dest in recipe:
                 action.required = False
-        parser.set_defaults(**recipe)
+    given = {**recipe, **given_arguments(argv)}  # what the user set: recipe keys, then flags
+    parser.set_defaults(**preset_training_defaults(given.get("preset", "base"), given), **recipe)
     model_args, data_args, training_args, rest = parser.parse_args_into_dataclasses(
         args=argv, return_remaining_strings=True
     )
     if rest:
         raise ValueError(f"Unknown arguments {rest}. Valid arguments: {', '.join('--' + n for n in valid_argument_names())}.")
+    if "learning_rate" in given and training_args.lr_schedule == "paper":
+        raise ValueError(
+            f"learning_rate={given['learning_rate']} has no effect with lr_schedule=paper, whose rates are "
+            "lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5): scale them with lr_factor, or use "
+            "lr_schedule=hf for transformers' schedules with learning_rate."
+        )
     return model_args, data_args, training_args
+
+
+def given_arguments(argv: list[str]) -> dict[str, Any]:
+    """The arguments written on the command line ``argv`` (name -> parsed value), without any default.
+
+    Parsed by a copy of the real parser whose defaults are all ``argparse.SUPPRESS``, so an argument appears only when
+    the user gave it (HfArgumentParser's defaults cannot tell "given the default value" from "not given")."""
+    import argparse
+
+    parser = HfArgumentParser(ARGUMENT_CLASSES, add_help=False)  # --help is the real parser's
+    for action in parser._actions:
+        action.default, action.required = argparse.SUPPRESS, False
+    given, _ = parser.parse_known_args(argv)
+    return vars(given)
+
+
+def preset_training_defaults(preset: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The training values of ``preset`` (its Table 3 row: label smoothing, updates, warmup) that ``given`` (the
+    arguments the user set) leaves open. An explicit ``num_train_epochs`` also leaves ``max_steps`` to the user (the
+    Trainer lets ``max_steps`` override epochs)."""
+    given = given or {}
+    values = {k: v for k, v in preset_training_arguments(preset).items() if k not in given}
+    if "num_train_epochs" in given:
+        values.pop("max_steps", None)
+    return values
 
 
 def parse_config_overrides(text: str | None) -> dict[str, Any]:
@@ -367,8 +424,8 @@ def parse_config_overrides(text: str | None) -> dict[str, Any]:
 
 
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:
-    """A checkpoint the run can resume from: weights, optimizer, scheduler and a readable ``trainer_state.json``
-    (written last by the Trainer); see :func:`vaswani_transformer.averaging.checkpoint_problem`."""
+    """A checkpoint the run can resume from: weights, optimizer, scheduler and ``trainer_state.json`` (written last by
+    the Trainer), every file whole; see :func:`vaswani_transformer.averaging.checkpoint_problem`."""
     return checkpoint_problem(path, for_resume=True) is None
 
 
@@ -451,6 +508,60 @@ class TimeBudgetCallback(TrainerCallback):
         return control
 
 
+class TrainingTotalsCallback(TrainerCallback, ExportableState):
+    """Source and target tokens trained on and training wall time since update 1, summed over processes: kept in
+    every checkpoint's ``trainer_state.json`` (``stateful_callbacks``) and read back on resume, so that totals stay
+    totals across resumes (like ``global_step``). ``at_start`` holds the totals when this run began: None when the
+    resumed checkpoint did not record them (then only this run's figures are known)."""
+
+    def __init__(self):
+        self.source, self.target = 0, 0
+        self.at_start: dict[str, Any] | None = {"source": 0, "target": 0, "seconds": 0.0}
+        self.start_step = 0
+        self.run_start: float | None = None
+
+    def run_seconds(self) -> float:
+        """Wall time of this run, from its first update."""
+        return time.time() - self.run_start if self.run_start is not None else 0.0
+
+    def state(self) -> dict:
+        seconds = (self.at_start or {}).get("seconds", 0.0) + self.run_seconds()
+        return {"args": {}, "attributes": {"source": self.source, "target": self.target, "seconds": round(seconds, 3)}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.run_start, self.start_step = None, state.global_step
+        if state.global_step == 0:
+            self.source = self.target = 0
+            self.at_start = {"source": 0, "target": 0, "seconds": 0.0}
+            return
+        # resumed: the state is the checkpoint's
+        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        saved = saved[0] if isinstance(saved, list) and saved else saved
+        attributes = saved.get("attributes", {}) if isinstance(saved, dict) else {}
+        if {"source", "target", "seconds"} <= attributes.keys():
+            self.source, self.target = int(attributes["source"]), int(attributes["target"])
+            self.at_start = {"source": self.source, "target": self.target, "seconds": float(attributes["seconds"])}
+        else:
+            logger.warning("The resumed checkpoint does not record the tokens and time trained before it: the "
+                           "training summary gives this run's figures only.")
+            self.source = self.target = 0
+            self.at_start = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.run_start is None:
+            self.run_start = time.time()
+
+
+class SaveAtEndCallback(TrainerCallback):
+    """Save a checkpoint at the last update (once: nothing more when that update is saved anyway), so that the end of
+    training is a checkpoint like the others, also with time-based saves or ``save_strategy="no"``, and is averaged."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_training_stop or state.global_step >= state.max_steps:
+            control.should_save = True
+        return control
+
+
 class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with the paper's optimizer and schedule, token batches and a NaN/inf guard.
 
@@ -462,12 +573,12 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         super().__init__(*args, **kwargs)
         self.max_tokens_per_batch = max_tokens_per_batch
         self.train_sampler = None
-        self.tokens_seen = {"source": 0, "target": 0}
-        self._train_start: float | None = None
+        self.add_callback(TrainingTotalsCallback())
         if getattr(self.args, "save_every_minutes", None):
             self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))
         if getattr(self.args, "max_train_minutes", None):
             self.add_callback(TimeBudgetCallback(self.args.max_train_minutes))
+        self.add_callback(SaveAtEndCallback())  # after the callbacks that stop training
 
     # -- optimisation
     def create_optimizer(self, model=None):
@@ -522,14 +633,18 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
 
     # -- loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """Label-smoothed cross-entropy in one fused ``F.cross_entropy(label_smoothing=...)`` call.
+        """Label-smoothed cross-entropy in one fused ``F.cross_entropy(label_smoothing=...)`` call, for every eps.
 
         The same value as transformers' ``LabelSmoother`` ((1 - eps) * NLL + eps * mean over the vocabulary of -log p,
         per non-padding target token; summed and divided by ``num_items_in_batch`` when the Trainer gives it), without
         materialising the log-probabilities several times: about 5% of a small model's training step on CPU.
+        eps = 0 (no ``label_smoother``) takes the same path: the model's own loss is a per-micro-batch mean, which the
+        Trainer would take as already normalised by ``num_items_in_batch`` (wrong under accumulation or several
+        processes).
         """
-        if self.label_smoother is None or self.compute_loss_func is not None or "labels" not in inputs:
+        if self.compute_loss_func is not None or "labels" not in inputs:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        epsilon = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
         inputs = dict(inputs)
         labels = inputs.pop("labels")
         if "decoder_input_ids" not in inputs:
@@ -540,7 +655,7 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         summed = torch.nn.functional.cross_entropy(
             logits.float().flatten(0, 1), labels.to(logits.device).flatten(), ignore_index=-100,
-            label_smoothing=self.label_smoother.epsilon, reduction="sum",
+            label_smoothing=epsilon, reduction="sum",
         )  # fmt: skip
         if num_items_in_batch is None:
             loss = summed / (labels != -100).sum().clamp(min=1)
@@ -553,25 +668,39 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         return (loss, outputs) if return_outputs else loss
 
     # -- guard and counters
+    @property
+    def totals(self) -> TrainingTotalsCallback:
+        """The training totals (the callback object itself: the Trainer may replace it when restoring callbacks)."""
+        return next(cb for cb in self.callback_handler.callbacks if isinstance(cb, TrainingTotalsCallback))
+
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if self._train_start is None:
-            self._train_start = time.time()
-        if "labels" in inputs:
-            self.tokens_seen["target"] += int((inputs["labels"] != -100).sum())
-        if "attention_mask" in inputs:
-            self.tokens_seen["source"] += int(inputs["attention_mask"].sum())
+        target = int((inputs["labels"] != -100).sum()) if "labels" in inputs else 0
+        source = int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else 0
         loss = super().training_step(model, inputs, num_items_in_batch)
-        finite = torch.isfinite(loss.detach()).all()
-        if self.args.world_size > 1:
-            flag = finite.to(torch.int64).reshape(1)
-            finite = self.accelerator.reduce(flag, "sum").item() == self.args.world_size
-        if not bool(finite):
+        # One reduction gives every process the finite flag and the token counts of all processes.
+        local = torch.tensor([int(torch.isfinite(loss.detach()).all()), source, target], dtype=torch.int64)
+        total = local if self.args.world_size == 1 else self.accelerator.reduce(local.to(loss.device), "sum").cpu()
+        totals = self.totals
+        totals.source += int(total[1])
+        totals.target += int(total[2])
+        if int(total[0]) != self.args.world_size:
+            last = find_last_complete_checkpoint(self.args.output_dir, quarantine=False)
+            saved = (f"The last checkpoint, {last}, is from before this update." if last is not None
+                     else f"No checkpoint was written in {self.args.output_dir}.")  # fmt: skip
             raise NonFiniteLossError(
                 f"Non-finite loss ({loss.item()}) at update {self.state.global_step + 1}: training stopped before "
-                f"the optimizer step. The last checkpoint in {self.args.output_dir} is from before this update. "
-                "Lower the peak learning rate (lr_factor) or disable fp16."
+                f"the optimizer step. {saved} Lower the peak learning rate (lr_factor) or disable fp16."
             )
         return loss
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """Resuming loads ``model.safetensors`` with ``load_state_dict(strict=False)``: the tied copies of the shared
+        embedding (stored once by ``save_pretrained``) come back as "missing" though loading the shared matrix
+        filled them. Only keys that are really absent are reported."""
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        missing = set(load_result.missing_keys)
+        really_missing = [k for k in load_result.missing_keys if not (k in tied and tied[k] not in missing)]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=really_missing))
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Loss on the batch plus ``generate`` from the source only (the model's generation config: the paper's
@@ -602,18 +731,26 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         return write_model_card(self.args.output_dir, trainer=self, **kwargs)
 
     def training_summary(self) -> dict[str, Any]:
-        """Tokens seen (summed over processes), wall time and throughput of this run (since start or resume)."""
-        counts = torch.tensor([self.tokens_seen["source"], self.tokens_seen["target"]], dtype=torch.float64)
-        if self.args.world_size > 1:
-            counts = self.accelerator.reduce(counts.to(self.accelerator.device), "sum").cpu()
-        wall = time.time() - self._train_start if self._train_start is not None else 0.0
-        source, target = int(counts[0]), int(counts[1])
+        """What training did, summed over processes. ``updates``, ``*_tokens_seen``, ``wall_time_seconds`` and
+        ``target_tokens_per_second`` cover all training since update 1 (carried across resumes in the checkpoints;
+        None when a resumed checkpoint did not record them); the ``*_this_run`` figures cover this run only."""
+        totals, start = self.totals, self.totals.at_start
+        run_seconds = totals.run_seconds()
+        updates = int(self.state.global_step)
+        run = {
+            "updates": updates - totals.start_step,
+            "source_tokens": totals.source - (start or {}).get("source", 0),
+            "target_tokens": totals.target - (start or {}).get("target", 0),
+            "wall_time_seconds": round(run_seconds, 2),
+        }
+        seconds = start["seconds"] + run_seconds if start is not None else None
         return {
-            "updates": int(self.state.global_step),
-            "source_tokens_seen": source,
-            "target_tokens_seen": target,
-            "wall_time_seconds": round(wall, 2),
-            "target_tokens_per_second": round(target / wall, 1) if wall > 0 else None,
+            "updates": updates,
+            "source_tokens_seen": totals.source if start is not None else None,
+            "target_tokens_seen": totals.target if start is not None else None,
+            "wall_time_seconds": round(seconds, 2) if seconds is not None else None,
+            "target_tokens_per_second": round(totals.target / seconds, 1) if seconds else None,
+            **{f"{k}_this_run": v for k, v in run.items()},
             "num_processes": int(self.args.world_size),
         }
 
@@ -733,6 +870,32 @@ def _load_model(model_args, tokenizer):
     return AutoModelForSeq2SeqLM.from_config(config, **kernel)
 
 
+def truncate_long_sources(dataset, limit: int | None, eos_token_id: int | None, where: str, warn: bool = True):
+    """An evaluation split whose sources longer than ``limit`` tokens (what the model can take) are cut as translate
+    cuts them (``pipeline.truncate_source``, keeping ``</s>``), with a warning naming each pair (``where:N``, N the
+    pair's line in a text file)."""
+    from .data import SOURCE_LENGTH_COLUMN
+    from .pipeline import truncate_source
+
+    if limit is None:
+        return dataset
+    lengths = dataset[SOURCE_LENGTH_COLUMN]
+    long = {i for i, n in enumerate(lengths) if n > limit}
+    for i in sorted(long) if warn else ():
+        logger.warning("%s:%d: the source has %d tokens, more than the model's limit of %d; scoring its first %d "
+                       "tokens.", where, i + 1, lengths[i], limit, limit)
+    if not long:
+        return dataset
+
+    def cut(example: dict, index: int) -> dict:
+        if index in long:
+            example["input_ids"] = truncate_source(example["input_ids"], limit, eos_token_id)
+            example[SOURCE_LENGTH_COLUMN] = len(example["input_ids"])
+        return example
+
+    return dataset.map(cut, with_indices=True, desc="Truncating long sources")
+
+
 def _average_checkpoints(output_dir: str, n: int) -> str:
     """Average the last ``n`` complete checkpoints of the run into ``output_dir/averaged``."""
     available = [p for p in find_checkpoints(output_dir) if checkpoint_problem(p) is None]
@@ -758,6 +921,7 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
     from transformers import set_seed
 
     from .data import TranslationDataCollator, tokenize_parallel_dataset
+    from .pipeline import source_length_limit
     from .tokenization import check_tokenizer_matches_config
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO
@@ -781,15 +945,23 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
     check_tokenizer_matches_config(tokenizer, model.config)  # before any training
 
     max_tokens = data_args.max_tokens_per_batch
+    position_limit = source_length_limit(model.config)  # learned positions: the most tokens a side can have
     with training_args.main_process_first(desc="tokenizing"):
+        # The filters apply to the training split only: validation and test sets are scored whole.
         tokenized, report = tokenize_parallel_dataset(
             raw, tokenizer, data_args.source_lang, data_args.target_lang,
-            max_source_tokens=data_args.max_source_length or max_tokens,
-            max_target_tokens=data_args.max_target_length or max_tokens,
+            max_source_tokens=min(data_args.max_source_length or max_tokens, position_limit or max_tokens),
+            max_target_tokens=min(data_args.max_target_length or max_tokens, position_limit or max_tokens),
             max_length_ratio=data_args.max_length_ratio,
             num_proc=data_args.preprocessing_num_workers,
             load_from_cache_file=not data_args.overwrite_cache,
+            filter_splits=("train",),
         )
+        for split in ("validation", "test"):
+            if split in tokenized:
+                where = getattr(data_args, f"{split}_file") or f"{data_args.dataset_name or 'data'}[{split}]"
+                tokenized[split] = truncate_long_sources(tokenized[split], position_limit, tokenizer.eos_token_id,
+                                                         where, warn=training_args.process_index == 0)  # fmt: skip
     collator = TranslationDataCollator(tokenizer, decoder_start_token_id=model.config.decoder_start_token_id)
     compute_metrics = None
     if training_args.predict_with_generate:
@@ -874,12 +1046,15 @@ __all__ = [
     "DataTrainingArguments",
     "ModelArguments",
     "NonFiniteLossError",
+    "SaveAtEndCallback",
     "SaveEveryMinutesCallback",
     "TimeBudgetCallback",
+    "TrainingTotalsCallback",
     "VaswaniSeq2SeqTrainer",
     "VaswaniTrainingArguments",
     "build_optimizer",
     "find_last_complete_checkpoint",
+    "given_arguments",
     "gradient_accumulation_for",
     "is_complete_checkpoint",
     "load_recipe",
@@ -888,5 +1063,7 @@ __all__ = [
     "paper_lr_scheduler",
     "parse_arguments",
     "parse_config_overrides",
+    "preset_training_defaults",
     "run_training",
+    "truncate_long_sources",
 ]

@@ -10,7 +10,7 @@ import torch
 
 from vaswani_transformer.hub import HIDE_PACKAGE_CODE
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(1)  # tests use one thread: two busy cores slow each other down far more than 2x
 
 
 @pytest.fixture

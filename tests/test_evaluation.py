@@ -11,6 +11,7 @@ import evaluate
 import numpy as np
 import pytest
 import sacrebleu
+import sacremoses
 import torch
 from transformers import EvalPrediction
 
@@ -22,6 +23,8 @@ from vaswani_transformer.evaluation import (
     evaluation_report,
     generate_translate_lines,
     make_compute_metrics,
+    moses_tokenize,
+    multi_bleu,
     paper_bleu_path,
     read_lines,
     split_compounds,
@@ -100,41 +103,97 @@ def test_split_compounds_is_the_get_ende_bleu_regex():
     assert split_compounds("Preis : 5 - 6 Euro , -5 , x-") == "Preis : 5 - 6 Euro , -5 , x-"
 
 
-def test_tokenized_bleu_hand_computed_with_compound_splitting():
-    hyp, ref = ["das Hotel-Zimmer ist gut"], ["das Hotel-Zimmer war gut"]
-    # Split: das Hotel ##AT##-##AT## Zimmer ist|war gut -> 1-grams 5/6, 2-grams 3/5, 3-grams 2/4, 4-grams 1/3.
-    split = tokenized_bleu(hyp, ref)
-    assert split["counts"] == [5, 3, 2, 1] and split["totals"] == [6, 5, 4, 3]
-    assert split["score"] == pytest.approx(bleu_from_counts([5, 3, 2, 1], [6, 5, 4, 3], 6, 6), abs=1e-9)
-    assert split["signature"].startswith("pretok:13a+compound-split(##AT##)|nrefs:1|case:mixed|eff:no|tok:none|")
-    # Unsplit, no 3-gram matches: 0, as multi-bleu.perl reports (no smoothing).
-    unsplit = tokenized_bleu(hyp, ref, compound_split=False)
-    assert unsplit["counts"][:3] == [3, 1, 0] and unsplit["score"] == 0.0
-    # Pre-tokenization: punctuation is split (13a) before counting, on both sides.
-    assert tokenized_bleu(["Hallo, schöne Welt!"], ["Hallo , schöne Welt !"])["score"] == pytest.approx(100.0)
+def test_tokenized_bleu_german_hand_computed():
+    """tokenizer.perl -l de (quotes escaped, every apostrophe split, `z.B.` kept as a non-breaking prefix), the ##AT##
+    compound split, multi-bleu.perl's counts. Tokens written out by hand from the Moses rules:"""
+    hyp, ref = 'Er sagte: "Das ist z.B. Peters Auto-Werkstatt."', "Er sagte: \"Das ist z.B. Peter's Auto-Werkstatt.\""
+    # hyp: Er sagte : &quot; Das ist z.B. Peters Auto ##AT##-##AT## Werkstatt . &quot;          (13 tokens)
+    # ref: Er sagte : &quot; Das ist z.B. Peter &apos; s Auto ##AT##-##AT## Werkstatt . &quot;  (15 tokens)
+    # 1-grams: all but `Peters` 12/13; 2-grams: all but `z.B. Peters`, `Peters Auto` 10/12; 3-grams: the 3 with
+    # `Peters` miss 8/11; 4-grams: the 4 with `Peters` miss 6/10; c = 13 < r = 15: BP = exp(1 - 15/13).
+    result = tokenized_bleu([hyp], [ref], target_lang="de")
+    assert result["counts"] == [12, 10, 8, 6] and result["totals"] == [13, 12, 11, 10]
+    assert (result["sys_len"], result["ref_len"]) == (13, 15)
+    assert result["bp"] == pytest.approx(math.exp(1 - 15 / 13), abs=1e-12)
+    assert result["score"] == pytest.approx(bleu_from_counts([12, 10, 8, 6], [13, 12, 11, 10], 13, 15), abs=1e-9)
+    assert round(result["score"], 2) == 65.26  # what tokenizer.perl | perl -ple ... | multi-bleu.perl print
+    assert result["signature"] == (
+        "nrefs:1|case:mixed|tok:moses-de(escape)|compound-split:##AT##|multi-bleu.perl|"
+        f"sacremoses:{sacremoses.__version__}"
+    )
+    assert moses_tokenize(hyp, "de") == "Er sagte : &quot; Das ist z.B. Peters Auto-Werkstatt . &quot;"
+    # The tokenizer.perl of 2017 (before Moses split every final period, Nov 2018): a German ordinal keeps its period.
+    assert moses_tokenize("Er trägt die Nummer 10.", "de") == "Er trägt die Nummer 10."
+    # Unsplit, `Auto-Werkstatt` is one token: 10/11, 8/10, 6/9, 4/8 with c = 11, r = 13.
+    unsplit = tokenized_bleu([hyp], [ref], target_lang="de", compound_split=False)
+    assert unsplit["counts"] == [10, 8, 6, 4] and unsplit["totals"] == [11, 10, 9, 8]
+    # sacreBLEU's 13a splits `z.B.` and keeps `Peter's` whole: a different number for the same pair.
+    assert compute_translation_metrics([hyp], [ref], target_lang="de")["bleu"] != pytest.approx(result["score"])
 
 
-def test_tokenized_bleu_equals_sacrebleu_on_pretokenized_split_text():
-    """Independent route: tokenize with sacrebleu, split with str.replace-based code, score with sacrebleu."""
-    tok = sacrebleu.BLEU(tokenize="13a").tokenizer
+def test_tokenized_bleu_english_hand_computed():
+    """tokenizer.perl -l en keeps `'s`/`'t` on the next word and `Mr.` whole; no compound split for English."""
+    hyp, ref = "Mr. Smith's well-known car isn't \"red\".", "Mr. Smith's well-known car isn't red."
+    # hyp: Mr. Smith &apos;s well-known car isn &apos;t &quot; red &quot; .  (11 tokens)
+    # ref: Mr. Smith &apos;s well-known car isn &apos;t red .                (9 tokens)
+    # 1-grams: all but the two &quot; 9/11; 2-grams: the 4 touching a &quot; miss 6/10; 3-grams 5/9; 4-grams 4/8.
+    result = tokenized_bleu([hyp], [ref], target_lang="en")
+    assert result["counts"] == [9, 6, 5, 4] and result["totals"] == [11, 10, 9, 8]
+    assert (result["sys_len"], result["ref_len"], result["bp"]) == (11, 9, 1.0)
+    assert result["score"] == pytest.approx(bleu_from_counts([9, 6, 5, 4], [11, 10, 9, 8], 11, 9), abs=1e-9)
+    assert round(result["score"], 2) == 60.77  # tokenizer.perl -l en | multi-bleu.perl
+    assert "|tok:moses-en(escape)|compound-split:no|" in result["signature"]
+    # Forcing the German-only compound split adds `well ##AT##-##AT## known` (2 tokens) on both sides.
+    forced = tokenized_bleu([hyp], [ref], target_lang="en", compound_split=True)
+    assert forced["counts"] == [11, 8, 7, 6] and forced["totals"] == [13, 12, 11, 10]
 
-    def prepare(text):
-        words = []
-        for word in tok(text).split():
-            parts = word.split("-")
-            if len(parts) == 2 and all(parts):  # every compound in this corpus has exactly one inner hyphen
-                words += [parts[0], "##AT##-##AT##", parts[1]]
-            else:
-                words.append(word)
-        return " ".join(words)
 
-    expected = sacrebleu.corpus_bleu(
-        [prepare(h) for h in HYPOTHESES], [[prepare(r) for r in REFERENCES]], tokenize="none",
-        smooth_method="none", force=True,
-    )  # fmt: skip
+def test_multi_bleu_rules_hand_computed():
+    """multi-bleu.perl on tokenized text: counts clipped by the largest count in any one reference, the closest
+    reference length with ties going to the shorter one, brevity penalty, no smoothing."""
+    hypotheses = ["a a b c", "x y z w"]
+    references = [["a b c d e", "x y z w"], ["a a b", "q"]]  # two reference streams
+    # Sentence 1: `a` twice (reference 2 has it twice): 1-grams 4/4; a a, a b, b c 3/3; a a b, a b c 2/2;
+    # a a b c 0/1. References of 5 and 3 words are both 1 away from 4: the shorter, 3, counts.
+    # Sentence 2 matches reference 1 exactly: 4/4, 3/3, 2/2, 1/1 (length 4).
+    result = multi_bleu(hypotheses, references)
+    assert result["counts"] == [8, 6, 4, 1] and result["totals"] == [8, 6, 4, 2]
+    assert (result["sys_len"], result["ref_len"], result["bp"]) == (8, 7, 1.0)
+    assert result["score"] == pytest.approx(100 * 0.5**0.25, abs=1e-9)
+    short = multi_bleu(["a b c d"], [["a b c d e f"]])  # c = 4 < r = 6
+    assert short["score"] == pytest.approx(100 * math.exp(1 - 6 / 4), abs=1e-9)
+    assert multi_bleu(["a b c"], [["a b c"]])["score"] == 0.0  # no 4-gram at all: precision 0, as the script
+    assert multi_bleu(["A B C D"], [["a b c d"]], lowercase=True)["score"] == pytest.approx(100.0)
+
+
+def test_tokenized_bleu_equals_sacrebleu_on_the_same_tokens():
+    """Independent BLEU arithmetic: sacrebleu (no tokenization, no smoothing) on the Moses-tokenized, split text."""
+    prepare = [split_compounds(moses_tokenize(text, "de")) for text in HYPOTHESES + REFERENCES]
+    expected = sacrebleu.corpus_bleu(prepare[:3], [prepare[3:]], tokenize="none", smooth_method="none", force=True)
     scores = compute_translation_metrics(HYPOTHESES, REFERENCES, target_lang="de")
-    assert scores["tokenized_bleu"] == pytest.approx(expected.score, abs=1e-12)
+    assert scores["tokenized_bleu"] == pytest.approx(expected.score, abs=1e-9)
+    assert scores["tokenized_bleu_details"]["counts"] == expected.counts
     assert scores["tokenized_bleu"] != pytest.approx(scores["bleu"])
+
+
+@pytest.mark.skipif(not os.environ.get("MOSES_SCRIPTS"), reason="set MOSES_SCRIPTS=<mosesdecoder>/scripts to compare")
+def test_tokenized_bleu_equals_the_moses_perl_scripts(tmp_path):
+    """Optional: the real get_ende_bleu.sh pipeline (tokenizer.perl, the perl compound split, multi-bleu.perl)."""
+    scripts = Path(os.environ["MOSES_SCRIPTS"])
+    score = {}
+    for name, lines in (("hyp", HYPOTHESES), ("ref", REFERENCES)):
+        tokenized = subprocess.run(
+            ["perl", scripts / "tokenizer" / "tokenizer.perl", "-l", "de", "-q"], input="\n".join(lines) + "\n",
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        split = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"], input=tokenized,
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        (tmp_path / name).write_text(split, encoding="utf-8")
+    with open(tmp_path / "hyp", encoding="utf-8") as hyp:
+        output = subprocess.run(["perl", scripts / "generic" / "multi-bleu.perl", tmp_path / "ref"], stdin=hyp,
+                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+    score = float(output.split()[2].rstrip(","))
+    assert tokenized_bleu(HYPOTHESES, REFERENCES, target_lang="de")["score"] == pytest.approx(score, abs=0.005)
 
 
 def test_metric_module_loads_by_path_offline():
@@ -222,7 +281,10 @@ def test_evaluate_model_report_and_json(model_dir, tmp_path):
     assert written["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [REFERENCES]).score, abs=1e-12)
     assert written["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|")
     assert written["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|")
-    assert written["tokenized_bleu"] == pytest.approx(tokenized_bleu(hypotheses, REFERENCES)["score"])
+    expected = tokenized_bleu(hypotheses, REFERENCES, target_lang="de")
+    assert written["tokenized_bleu"] == pytest.approx(expected["score"])
+    assert written["tokenized_bleu_signature"] == expected["signature"]
+    assert written["tokenized_bleu_details"]["counts"] == expected["counts"]
     assert written["num_sentences"] == 3
     assert (written["source_lang"], written["target_lang"], written["model"]) == ("x", "de", str(model_dir))
     assert written["decoding"]["suffix"] == " Ende"
@@ -258,8 +320,8 @@ def test_generate_translate_lines_batches_in_input_order_with_the_models_decodin
     assert settings["translate_fn"] == "vaswani_transformer.evaluation.generate_translate_lines"
     assert settings["batch_size"] == 32 and settings["max_len_b"] == 4
     assert settings["generation_config"] == {  # the paper's decoding, from the model's generation config
-        "num_beams": 4, "length_penalty": 0.6, "length_penalty_type": "gnmt", "max_len_a": 1, "max_len_b": 50,
-        "early_stopping": True,
+        "num_beams": 4, "length_penalty": 0.6, "length_penalty_type": "gnmt", "beam_search_rules": "t2t",
+        "max_len_a": 1, "max_len_b": 50, "early_stopping": True,
     }  # fmt: skip
 
 

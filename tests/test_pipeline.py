@@ -96,14 +96,14 @@ def test_empty_and_whitespace_sources_translate_to_empty(saved, translation_pipe
     assert pipe("") == [{"translation_text": ""}]
 
 
-def test_dataset_and_key_dataset_inputs(saved, exported, translation_pipeline):
+def test_dataset_and_key_dataset_inputs(saved, translation_pipeline):
     from datasets import Dataset
     from transformers.pipelines.pt_utils import KeyDataset
 
     folder, model, tokenizer = saved
     expected = generate_texts(model, tokenizer, SOURCES)
     rows = Dataset.from_dict({"translation": [{"en": s, "de": "-"} for s in SOURCES], "text": SOURCES})
-    pipe = translation_pipeline("translation_en_to_de", model=str(exported))
+    pipe = translation_pipeline("translation_en_to_de", model=str(folder))
     assert [r[0]["translation_text"] for r in pipe(rows.select_columns(["translation"]), batch_size=4)] == expected
     plain = translation_pipeline("translation", model=str(folder))
     assert [r[0]["translation_text"] for r in plain(KeyDataset(rows, "text"), batch_size=4)] == expected
@@ -112,10 +112,20 @@ def test_dataset_and_key_dataset_inputs(saved, exported, translation_pipeline):
 
 
 def test_language_pair_of_an_exported_model_is_checked(exported, translation_pipeline):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(exported), AutoTokenizer.from_pretrained(exported)
     with pytest.raises(ValueError, match="this model translates en->de"):
-        translation_pipeline("translation_fr_to_de", model=str(exported))
-    assert translation_pipeline("translation_en_to_de", model=str(exported)).task == "translation_en_to_de"
-    assert translation_pipeline(model=str(exported)).task == "translation"  # no task: our models translate
+        translation_pipeline("translation_fr_to_de", model=model, tokenizer=tokenizer)
+    assert translation_pipeline("translation_en_to_de", model=model, tokenizer=tokenizer).task == "translation_en_to_de"
+    # The exported folder lists its pipelines in `custom_pipelines`: transformers runs the folder's own pipeline.py,
+    # which needs trust_remote_code=True (transformers' rule, decided before any task lookup), package or not.
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        translation_pipeline("translation_en_to_de", model=str(exported))
+    remote = translation_pipeline("translation_en_to_de", model=str(exported), trust_remote_code=True)
+    assert remote.task == "translation_en_to_de" and type(remote).__module__.startswith("transformers_modules.")
+    with pytest.raises(ValueError, match="this model translates en->de"):  # not in custom_pipelines: ours checks it
+        translation_pipeline("translation_fr_to_de", model=str(exported), trust_remote_code=True)
 
 
 def test_learned_positions_truncate_with_warning_or_refuse_when_strict(tmp_path, translation_pipeline, caplog):
@@ -142,22 +152,70 @@ def test_learned_positions_truncate_with_warning_or_refuse_when_strict(tmp_path,
         pipe(SOURCES[0], max_source_length=3, strict=True)
 
 
-def test_other_models_keep_transformers_behaviour(tmp_path, translation_pipeline):
+# pipeline() calls in a fresh Python that imports this package before or after transformers' `pipeline` (or not at
+# all); prints each call's outcome: the pipeline's class, task and translations, or the exception's type and message.
+PIPELINE_CALLS_SCRIPT = """
+import json, sys
+order, calls = sys.argv[1], json.loads(sys.argv[2])
+if order == "package-first":
+    import vaswani_transformer
+from transformers import pipeline
+if order == "transformers-first":
+    import vaswani_transformer
+from transformers import AutoModelForSeq2SeqLM
+results = []
+for task, folder, as_object, call_kwargs in calls:
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder) if as_object else folder
+    try:
+        pipe = pipeline(task, model=model, **call_kwargs)
+        outputs = pipe(["A man is riding a bicycle.", "Two dogs."], batch_size=2)
+        results.append([type(pipe).__name__, pipe.task, [o["translation_text"] for o in outputs]])
+    except Exception as error:
+        results.append([type(error).__name__, str(error)])
+print(json.dumps(results))
+"""
+
+
+def run_pipeline_calls(order: str, calls: list, cwd) -> list:
+    done = subprocess.run(
+        [sys.executable, "-c", PIPELINE_CALLS_SCRIPT, order, json.dumps(calls)], capture_output=True, text=True,
+        cwd=cwd, env={**os.environ, "HF_HUB_OFFLINE": "1", **SINGLE_THREAD_ENV}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("order", ["transformers-first", "package-first"])
+def test_pipeline_works_in_any_import_order(saved, tmp_path, order):
+    """`from transformers import pipeline` before `import vaswani_transformer` (isort's order) or after it."""
+    folder, model, tokenizer = saved
+    expected = generate_texts(model, tokenizer, ["A man is riding a bicycle.", "Two dogs."])
+    calls = [["translation", str(folder), False, {}], ["translation_en_to_de", str(folder), False, {}],
+             ["translation", str(folder), True, {"tokenizer": str(folder)}]]  # fmt: skip
+    assert run_pipeline_calls(order, calls, tmp_path) == [
+        ["TranslationPipeline", "translation", expected],
+        ["TranslationPipeline", "translation_en_to_de", expected],
+        ["TranslationPipeline", "translation", expected],
+    ]
+
+
+def test_other_models_keep_transformers_behaviour(tmp_path, saved):
+    """A MarianMTModel gets exactly what it gets without this package, whichever import comes first."""
+    folder, _, _ = saved
     marian_dir = tmp_path / "marian"
-    marian_config = MarianConfig(vocab_size=16, d_model=8, encoder_layers=1, decoder_layers=1,
+    marian_config = MarianConfig(vocab_size=320, d_model=8, encoder_layers=1, decoder_layers=1,
                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=8,
-                                 decoder_ffn_dim=8, pad_token_id=0, decoder_start_token_id=0, eos_token_id=1,
-                                 forced_eos_token_id=1)  # fmt: skip
-    marian_config.save_pretrained(marian_dir)
-    marian = MarianMTModel(marian_config)
-    original = transformers.pipelines.pipeline.__vaswani_wrapped__
-    for task, model in [("translation", str(marian_dir)), ("translation_en_to_de", str(marian_dir)),
-                        ("translation", marian)]:  # fmt: skip
-        with pytest.raises(KeyError) as ours:
-            transformers.pipeline(task, model=model)
-        with pytest.raises(KeyError) as theirs:
-            original(task, model=model)
-        assert "has been removed from transformers" in str(ours.value) and str(ours.value) == str(theirs.value)
+                                 decoder_ffn_dim=8, pad_token_id=0, decoder_start_token_id=1, eos_token_id=2,
+                                 forced_eos_token_id=2, max_length=8)  # fmt: skip
+    torch.manual_seed(0)
+    MarianMTModel(marian_config).save_pretrained(marian_dir)
+    calls = [[task, str(marian_dir), as_object, kwargs]
+             for task in ("translation", "translation_en_to_de", "summarization")
+             for as_object in (False, True) for kwargs in ({}, {"tokenizer": str(folder)})]  # fmt: skip
+    without = run_pipeline_calls("without-package", calls, tmp_path)
+    assert all(r[0] == "KeyError" and "has been removed from transformers" in r[1] for r in without)
+    for order in ("transformers-first", "package-first"):
+        assert run_pipeline_calls(order, calls, tmp_path) == without, order
 
 
 def test_other_tasks_on_our_models_are_untouched(saved, translation_pipeline):
@@ -169,21 +227,9 @@ def test_other_tasks_on_our_models_are_untouched(saved, translation_pipeline):
     assert parse_translation_task("text-generation") is None
     assert REGISTERED_TASK in transformers.pipelines.PIPELINE_REGISTRY.get_supported_tasks()
     register_translation_pipeline()  # idempotent: still one wrapper around transformers' function
-    wrapped = transformers.pipelines.pipeline.__vaswani_wrapped__
+    wrapped = transformers.pipelines._resolve_deprecated_task.__vaswani_wrapped__
     assert getattr(wrapped, "__vaswani_wrapped__", None) is None
-
-
-def test_import_alone_enables_the_task(saved, tmp_path):
-    """`import vaswani_transformer` then `pipeline("translation", model=folder)` in a fresh Python."""
-    folder, model, tokenizer = saved
-    code = (
-        "import json, vaswani_transformer\nfrom transformers import pipeline\n"
-        f"p = pipeline('translation', model={str(folder)!r})\nprint(json.dumps(p({SOURCES!r}, batch_size=3)))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", **SINGLE_THREAD_ENV}, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert texts(json.loads(result.stdout.strip().splitlines()[-1])) == generate_texts(model, tokenizer, SOURCES)
+    assert transformers.pipeline is transformers.pipelines.pipeline  # transformers' own function, not replaced
 
 
 @pytest.mark.slow

@@ -1,9 +1,9 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a native Hugging Face model.
 
 Importing the package registers the configuration and models with AutoConfig, AutoModel and
-AutoModelForSeq2SeqLM, and makes `pipeline("translation", model=...)` work for our models (transformers 5 removed
-that task; see `vaswani_transformer.pipeline.register_translation_pipeline`, the one place that touches transformers'
-globals).
+AutoModelForSeq2SeqLM, and makes `pipeline("translation", model=...)` work for our models in any import order
+(transformers 5 removed that task; see `vaswani_transformer.pipeline.register_translation_pipeline`, the one place
+that touches transformers' globals).
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM

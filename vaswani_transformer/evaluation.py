@@ -1,9 +1,9 @@
-"""BLEU evaluation: sacreBLEU + chrF with signatures, and the paper's tokenized, compound-split BLEU.
+"""BLEU evaluation: sacreBLEU + chrF with signatures, and the paper's tokenized BLEU.
 
 The scores come from the `evaluate` module shipped in this package (`metrics/paper_bleu/paper_bleu.py`, loaded
 offline by path with `evaluate.load`); its docstring states exactly how the paper-comparable tokenized BLEU
-is computed and how it differs from tensor2tensor's `get_ende_bleu.sh` (Moses tokenizer + ##AT## compound
-splitting + multi-bleu.perl).
+is computed: tensor2tensor's `get_ende_bleu.sh`, i.e. the Moses tokenizer (sacremoses) with the target
+language's rules, ##AT## compound splitting for German targets, and multi-bleu.perl's corpus BLEU.
 
 - `compute_translation_metrics(hypotheses, references, target_lang=...)`: all scores as a dict.
 - `make_compute_metrics(tokenizer, target_lang)`: `compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`.
@@ -29,7 +29,14 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from .data import check_parallel_text_files
-from .metrics.paper_bleu.paper_bleu import _reference_streams, split_compounds, tokenized_bleu
+from .generation import PAPER_GENERATION_DEFAULTS
+from .metrics.paper_bleu.paper_bleu import (
+    _reference_streams,
+    moses_tokenize,
+    multi_bleu,
+    split_compounds,
+    tokenized_bleu,
+)
 from .tokenization import iter_text_files
 
 
@@ -59,14 +66,16 @@ def compute_translation_metrics(
     target_lang: str = "",
     tokenize: str | None = None,
     lowercase: bool = False,
-    compound_split: bool = True,
+    compound_split: bool | None = None,
 ) -> dict[str, Any]:
     """sacreBLEU (`bleu`, `bleu_signature`), chrF (`chrf`, `chrf_signature`) and the paper's tokenized BLEU
-    (`tokenized_bleu`, `tokenized_bleu_signature`), plus BLEU's counts/totals/precisions/bp/sys_len/ref_len
-    and `num_sentences`. Scores are on a 0-100 scale.
+    (`tokenized_bleu`, `tokenized_bleu_signature`, `tokenized_bleu_details`), plus sacreBLEU's
+    counts/totals/precisions/bp/sys_len/ref_len and `num_sentences`. Scores are on a 0-100 scale.
 
     `references` holds one string per hypothesis, or a list of the same number of strings per hypothesis.
-    `target_lang` selects sacreBLEU's tokenizer for that language (13a unless zh/ja/ko); `tokenize` overrides it.
+    `target_lang` selects sacreBLEU's tokenizer for that language (13a unless zh/ja/ko; `tokenize` overrides it)
+    and the Moses tokenizer's rules for the tokenized BLEU (with ##AT## compound splitting for "de" unless
+    `compound_split` says otherwise).
     """
     hypotheses, references = list(hypotheses), list(references)
     _reference_streams(hypotheses, references)  # clear errors before `evaluate` converts to Arrow
@@ -212,10 +221,7 @@ def default_translate_fn() -> Callable:
     return translate_lines
 
 
-_GENERATION_FIELDS = (
-    "num_beams", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b", "early_stopping",
-    "max_length", "max_new_tokens", "do_sample", "num_return_sequences",
-)  # fmt: skip
+_GENERATION_FIELDS = (*PAPER_GENERATION_DEFAULTS, "max_length", "max_new_tokens", "do_sample", "num_return_sequences")
 
 
 def decoding_settings(translate_fn: Callable, decoding: dict | None = None, model=None) -> dict[str, Any]:
@@ -259,8 +265,9 @@ def evaluation_report(
     """Score `hypotheses` and return (and write to `output_json`) the report the model card reads.
 
     Fields: model, source_lang, target_lang, num_sentences, sacrebleu, sacrebleu_signature, chrf,
-    chrf_signature, tokenized_bleu, tokenized_bleu_signature, bleu_details (counts, totals, precisions, bp,
-    sys_len, ref_len), decoding, plus any `extra` fields (e.g. source_file, reference_file).
+    chrf_signature, tokenized_bleu, tokenized_bleu_signature, bleu_details (sacreBLEU's counts, totals,
+    precisions, bp, sys_len, ref_len), tokenized_bleu_details (the same for the tokenized BLEU), decoding,
+    plus any `extra` fields (e.g. source_file, reference_file).
     """
     scores = compute_translation_metrics(hypotheses, references, target_lang=target_lang, tokenize=tokenize)
     report = {
@@ -275,6 +282,7 @@ def evaluation_report(
         "tokenized_bleu": scores["tokenized_bleu"],
         "tokenized_bleu_signature": scores["tokenized_bleu_signature"],
         "bleu_details": {k: scores[k] for k in ("counts", "totals", "precisions", "bp", "sys_len", "ref_len")},
+        "tokenized_bleu_details": scores["tokenized_bleu_details"],
         "decoding": decoding,
         **extra,
     }
@@ -381,6 +389,8 @@ __all__ = [
     "generate_translate_lines",
     "load_paper_bleu",
     "make_compute_metrics",
+    "moses_tokenize",
+    "multi_bleu",
     "paper_bleu_path",
     "read_lines",
     "split_compounds",

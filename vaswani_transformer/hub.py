@@ -10,7 +10,8 @@ only transformers is installed:
 - the tokenizer files;
 - `generation_config.json` with the paper's decoding (beam 4, GNMT length penalty alpha 0.6, `max_len_a=1`,
   `max_len_b=50`: source length + 50);
-- `README.md`, the model card rendered from `model_cards/vaswani_transformer.md` with huggingface_hub's `ModelCard`.
+- `README.md`, the model card rendered from `vaswani_transformer/model_cards/vaswani_transformer.md` (package data)
+  with huggingface_hub's `ModelCard`.
 
 Functions:
 
@@ -41,6 +42,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .generation import PAPER_GENERATION_DEFAULTS
+
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +53,9 @@ PIPELINE_SOURCE = PACKAGE_DIR / "pipeline.py"
 PIPELINE_FILE = "pipeline.py"
 PIPELINE_CLASS = "TranslationPipeline"
 CODE_FILES = ("configuration_vaswani_transformer.py", "modeling_vaswani_transformer.py", "generation.py")
-# The card template: model_cards/ at the repository root (next to the package in a source checkout or editable
-# install), else a copy packaged as vaswani_transformer/templates/ (package data); or pass `template_path`.
+# The card template ships inside the package (package data), so installed wheels have it; or pass `template_path`.
 TEMPLATE_NAME = "vaswani_transformer.md"
-TEMPLATE_CANDIDATES = (PACKAGE_DIR.parent / "model_cards" / TEMPLATE_NAME, PACKAGE_DIR / "templates" / TEMPLATE_NAME)
-DEFAULT_TEMPLATE = next((p for p in TEMPLATE_CANDIDATES if p.is_file()), TEMPLATE_CANDIDATES[0])
+DEFAULT_TEMPLATE = PACKAGE_DIR / "model_cards" / TEMPLATE_NAME
 DEFAULT_VALIDATION_SENTENCE = "A man is riding a bicycle down the street."
 
 # Fields of the training run shown in the card, in this order (whatever is present), with their labels.
@@ -260,8 +261,7 @@ def eval_results_for_card(reports: Sequence[dict], source_lang: str | None, targ
             )
         decoding = report.get("decoding") or {}
         fields = decoding.get("generation_config", decoding) if isinstance(decoding, Mapping) else {}
-        shown = {k: fields[k] for k in ("num_beams", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b")
-                 if k in fields}  # fmt: skip
+        shown = {k: fields[k] for k in PAPER_GENERATION_DEFAULTS if k != "early_stopping" and k in fields}
         if isinstance(decoding, Mapping):
             explicit = ("num_beams", "length_penalty", "max_len_a", "max_len_b")
             shown.update({k: decoding[k] for k in explicit if k in decoding})
@@ -330,16 +330,15 @@ def render_model_card(
     training.setdefault("dropout", config.dropout)
     training_rows = [(label, _format_value(training[key])) for key, label in TRAINING_FIELDS.items() if key in training]
     training_rows += [(key, _format_value(v)) for key, v in training.items() if key not in TRAINING_FIELDS]
-    decoding_fields = ("num_beams", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b", "early_stopping")
-    generation_rows = [(k, _format_value(generation[k])) for k in decoding_fields if k in generation]
+    generation_rows = [(k, _format_value(generation[k])) for k in PAPER_GENERATION_DEFAULTS if k in generation]
     preset_note = {"base": "the paper's base model", "big": "the paper's big model"}.get(
         preset, "Table 3 variant" if preset != "custom" else "not a paper preset"
     )
     template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
     if not template.is_file():
         raise FileNotFoundError(
-            f"Model card template {template} not found (looked in {', '.join(map(str, TEMPLATE_CANDIDATES))}); "
-            "pass template_path=..."
+            f"Model card template {template} not found; reinstall vaswani-transformer (its package data includes "
+            "model_cards/*.md) or pass template_path=..."
         )
     return ModelCard.from_template(
         card_data,
@@ -391,7 +390,7 @@ def write_repository_extras(
     `eval_results`: evaluation reports (dicts or paths of the JSON `scripts/evaluate.py` writes).
     Raises FileNotFoundError naming what the folder lacks (config, weights, the code files of `save_pretrained`).
     """
-    from .generation import PAPER_GENERATION_DEFAULTS, VaswaniGenerationConfig
+    from .generation import VaswaniGenerationConfig
     from .configuration_vaswani_transformer import VaswaniTransformerConfig
 
     folder = Path(folder)

@@ -11,9 +11,9 @@ removed from transformers"). This module brings it back for our models in two wa
     transformers, and importing it changes nothing in transformers.
 
 (b) **The installed package.** `register_translation_pipeline()` (called by `import vaswani_transformer`) is the one
-    place where this project touches transformers' globals (see its docstring): afterwards `pipeline("translation",
+    place where this project touches transformers (see its docstring): afterwards `pipeline("translation",
     model=...)` and `pipeline("translation_en_to_de", model=...)` work for our models without `trust_remote_code`,
-    and every other call of `pipeline()` behaves exactly as before.
+    in any import order, and every other call of `pipeline()` behaves exactly as before.
 
 The pipeline decodes with the model's generation config - for our models the paper's beam search (beam 4, GNMT length
 penalty alpha 0.6, at most source length + 50 tokens) - so it returns exactly what `model.generate(**inputs)` followed
@@ -23,22 +23,25 @@ by `tokenizer.batch_decode(..., skip_special_tokens=True)` returns, batched (`ba
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
+import sys
 
 import torch
 from transformers import Pipeline
 from transformers.utils import logging
+
+from .generation import CUSTOM_GENERATION_FIELDS
 
 
 logger = logging.get_logger(__name__)
 
 MODEL_TYPE = "vaswani_transformer"
 TRANSLATION_TASK_PATTERN = re.compile(r"translation(?:_(?P<src>[^_]+)_to_(?P<tgt>[^_]+))?")
-# The task name under which `register_translation_pipeline` adds `TranslationPipeline` to transformers' registry.
-# Only our `pipeline` wrapper uses it; "translation" itself stays a removed task for every other model.
-REGISTERED_TASK = "vaswani-translation"
+# The task names under which `register_translation_pipeline` adds `TranslationPipeline` to transformers' registry
+# ("vaswani-translation", "vaswani-translation_en_to_de", ...); "translation" stays a removed task for other models.
+TASK_PREFIX = "vaswani-"
+REGISTERED_TASK = f"{TASK_PREFIX}translation"
 
 
 # ------------------------------------------------------------------------------------------- source lengths
@@ -128,16 +131,24 @@ class TranslationPipeline(Pipeline):
     _load_tokenizer = True
 
     # Generation fields of our models that `GenerationConfig()` does not know (so the base class does not collect them).
-    _CUSTOM_GENERATION_FIELDS = ("length_penalty_type", "max_len_a", "max_len_b")
+    _CUSTOM_GENERATION_FIELDS = CUSTOM_GENERATION_FIELDS
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, task: str = "", **kwargs):
+        if task.startswith(TASK_PREFIX) and parse_translation_task(task[len(TASK_PREFIX) :]) is not None:
+            task = task[len(TASK_PREFIX) :]  # the registered "vaswani-translation..." is the user's "translation..."
+        super().__init__(*args, task=task, **kwargs)
         if self.tokenizer is None:
             raise ValueError("TranslationPipeline needs a tokenizer (none was given or found next to the model).")
         if not getattr(self.model.config, "is_encoder_decoder", False):
             raise ValueError(
                 f"TranslationPipeline needs an encoder-decoder model; got {type(self.model).__name__}. "
                 "For decoder-only chat models use the `text-generation` pipeline."
+            )
+        pair, recorded = parse_translation_task(self.task), model_language_pair(self.model.config)
+        if pair is not None and pair[0] is not None and recorded is not None and tuple(pair) != recorded:
+            raise ValueError(
+                f"Task {self.task!r} asks for {pair[0]}->{pair[1]}, but this model translates "
+                f"{recorded[0]}->{recorded[1]} (use 'translation' or 'translation_{recorded[0]}_to_{recorded[1]}')."
             )
 
     def _sanitize_parameters(
@@ -230,93 +241,76 @@ class TranslationPipeline(Pipeline):
 # ------------------------------------------------------------------- registration with transformers' pipeline()
 
 
-def _is_vaswani_model(model, config, hub_kwargs: dict) -> bool:
-    """Whether `pipeline(model=..., config=...)` refers to one of our models. Reads only `config.json`; any failure to
-    read it means "no" (transformers' `pipeline` then does what it always does, including raising its own error)."""
-    for candidate in (config, model):
-        if candidate is None:
-            continue
-        if not isinstance(candidate, (str, os.PathLike)):
-            candidate_config = getattr(candidate, "config", candidate)
-            return getattr(candidate_config, "model_type", None) == MODEL_TYPE
-        path = os.fspath(candidate)
-        try:
-            if os.path.isdir(path):
-                with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-                    config_dict = json.load(f)
-            else:
-                from transformers import PreTrainedConfig
+def _is_transformers_pipeline_call(frame) -> bool:
+    """Whether `frame` runs transformers' own `pipeline()` function (defined in `transformers.pipelines`)."""
+    return frame is not None and frame.f_code.co_name == "pipeline" and (
+        frame.f_globals.get("__name__") == "transformers.pipelines"
+    )
 
-                keys = ("revision", "token", "cache_dir", "local_files_only", "subfolder")
-                options = {k: hub_kwargs[k] for k in keys if k in hub_kwargs}
-                config_dict, _ = PreTrainedConfig.get_config_dict(path, **options)
-        except (OSError, ValueError):
-            return False
-        return config_dict.get("model_type") == MODEL_TYPE
+
+def _is_vaswani_model(model, config) -> bool:
+    """Whether a `pipeline()` call's `config` (already loaded when `model` is a name or folder) or model object is
+    one of ours. Only objects are inspected: nothing is read from disk or the Hub."""
+    for candidate in (config, getattr(model, "config", None)):
+        if candidate is not None and not isinstance(candidate, (str, os.PathLike)):
+            return getattr(candidate, "model_type", None) == MODEL_TYPE
     return False
 
 
-def _translation_pipeline_factory(original):
-    @functools.wraps(original)
-    def pipeline(task=None, model=None, config=None, *args, **kwargs):
-        pair = parse_translation_task("translation" if task is None else task)
-        if pair is None or kwargs.get("pipeline_class") is not None or not _is_vaswani_model(model, config, kwargs):
-            return original(task, model, config, *args, **kwargs)
-        task = task or "translation"  # the task of our models (transformers would ask the Hub, or fail offline)
-        pipe = original(REGISTERED_TASK, model, config, *args, pipeline_class=TranslationPipeline, **kwargs)
-        recorded = model_language_pair(pipe.model.config)
-        if pair[0] is not None and recorded is not None and tuple(pair) != recorded:
-            raise ValueError(
-                f"Task {task!r} asks for {pair[0]}->{pair[1]}, but this model translates {recorded[0]}->{recorded[1]} "
-                f"(use 'translation' or 'translation_{recorded[0]}_to_{recorded[1]}')."
-            )
-        pipe.task = task
-        # Parameters derived from the task name (the source language of dataset rows) are set at construction.
-        pipe._preprocess_params, pipe._forward_params, pipe._postprocess_params = pipe._sanitize_parameters(
-            **_init_pipeline_params(kwargs)
+def _registered_task(task: str) -> str:
+    """The registry task of our pipeline for "translation" or "translation_XX_to_YY" (registered on first use)."""
+    from transformers import AutoModelForSeq2SeqLM
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    name = f"{TASK_PREFIX}{task}"
+    if name not in PIPELINE_REGISTRY.supported_tasks:
+        PIPELINE_REGISTRY.register_pipeline(
+            name, pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
         )
-        return pipe
-
-    pipeline.__vaswani_wrapped__ = original
-    return pipeline
+    return name
 
 
-def _init_pipeline_params(kwargs: dict) -> dict:
-    known = ("max_source_length", "strict", "src_lang", "tgt_lang", "return_tensors",
-             *TranslationPipeline._CUSTOM_GENERATION_FIELDS)
-    return {k: kwargs[k] for k in known if k in kwargs}
+def _translation_task_resolver(original):
+    """transformers' `_resolve_deprecated_task`, except that a translation task of a `pipeline()` call whose model
+    is ours resolves to our registered task instead of raising "has been removed"."""
+
+    @functools.wraps(original)
+    def resolve_task(task):
+        if parse_translation_task(task) is not None:
+            caller = sys._getframe(1)
+            if _is_transformers_pipeline_call(caller):
+                arguments = caller.f_locals  # read only: the call's `model` and `config` at this point
+                if _is_vaswani_model(arguments.get("model"), arguments.get("config")):
+                    return _registered_task(task)
+        return original(task)
+
+    resolve_task.__vaswani_wrapped__ = original
+    return resolve_task
 
 
 def register_translation_pipeline() -> None:
-    """Make `pipeline("translation"|"translation_XX_to_YY", model=<one of our models>)` work (idempotent).
+    """Make `pipeline("translation"|"translation_XX_to_YY", model=<one of our models>)` work (idempotent), whether
+    `pipeline` was imported from transformers before or after this package.
 
-    This is the only place where the project touches transformers' globals, and it changes nothing for other models:
+    This is the one place where the project touches transformers, and it changes nothing for other models.
+    transformers 5's `pipeline()` refuses removed tasks such as "translation" by calling the module-level function
+    `transformers.pipelines._resolve_deprecated_task(task)`, looked up at each call (so also from a `pipeline`
+    name imported earlier). That function is replaced by a wrapper: when the task is a translation task and the
+    calling `pipeline()` has one of our models (its loaded `config`, or a model object), the task resolves to
+    "vaswani-translation" (or "vaswani-translation_XX_to_YY"), a task registered for `TranslationPipeline` with
+    `PIPELINE_REGISTRY.register_pipeline`; the pipeline's `task` is then "translation" (or the pair) again. Every
+    other call goes to transformers' function unchanged, with the same result or error.
 
-    1. `PIPELINE_REGISTRY.register_pipeline("vaswani-translation", TranslationPipeline, AutoModelForSeq2SeqLM)`: a new
-       task name of our own (transformers' "translation" stays removed).
-    2. `transformers.pipeline` (and `transformers.pipelines.pipeline`) become a thin wrapper: when the task is
-       "translation", "translation_XX_to_YY" or not given, and the model (a model object, a folder or a Hub id, judged
-       by the `model_type` in its `config.json`) is a `vaswani_transformer`, it calls transformers' `pipeline` with the task
-       "vaswani-translation" and `pipeline_class=TranslationPipeline`; every other call goes to transformers'
-       `pipeline` unchanged, with the same arguments.
-
-    Limitation: a `pipeline` function imported from transformers *before* `import vaswani_transformer` (e.g. `from
-    transformers import pipeline` first) is transformers' own; import this package first, or use
-    `trust_remote_code=True` with an exported repository, or pass `pipeline_class=TranslationPipeline`.
+    A folder or repository with `custom_pipelines` in its `config.json` (exported with `vaswani_transformer.hub`,
+    or a training run's output folder) is resolved by transformers before this check: it runs the folder's own
+    `pipeline.py` and asks for `trust_remote_code=True`, with or without this package.
     """
-    import transformers
     import transformers.pipelines as pipelines_module
-    from transformers import AutoModelForSeq2SeqLM
 
-    if REGISTERED_TASK not in pipelines_module.PIPELINE_REGISTRY.supported_tasks:
-        pipelines_module.PIPELINE_REGISTRY.register_pipeline(
-            REGISTERED_TASK, pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
-        )
-    current = pipelines_module.pipeline
+    _registered_task("translation")
+    current = pipelines_module._resolve_deprecated_task
     if getattr(current, "__vaswani_wrapped__", None) is None:
-        wrapped = _translation_pipeline_factory(current)
-        pipelines_module.pipeline = wrapped
-        transformers.pipeline = wrapped  # the lazy module caches the attribute once it was looked up
+        pipelines_module._resolve_deprecated_task = _translation_task_resolver(current)
 
 
 __all__ = [

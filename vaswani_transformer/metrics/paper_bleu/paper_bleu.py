@@ -13,30 +13,41 @@ Three scores are returned, all on a 0-100 scale:
   sacreBLEU's choice for ``target_lang`` (``13a``; ``zh`` for Chinese, ``ja-mecab``/``ko-mecab`` for
   Japanese/Korean) unless ``tokenize`` is given. This is the number to compare across papers today.
 - ``chrf``: sacreBLEU's chrF2 (character 6-grams, beta 2), with ``chrf_signature``.
-- ``tokenized_bleu``: the number comparable to the EN-DE BLEU of Vaswani et al. (2017). The paper's numbers
-  come from tensor2tensor's ``get_ende_bleu.sh``: Moses ``tokenizer.perl -l de`` on hypotheses and
-  references, then compounds split with ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``, then Moses
-  ``multi-bleu.perl`` (case-sensitive, no smoothing). Moses is not a dependency here, so the stand-in is:
-  sacreBLEU's ``13a`` tokenizer (same choice as for ``bleu``), then `split_compounds` (the exact regular
-  expression of the script, with the same non-overlapping left-to-right matching: ``a-b-c`` becomes
-  ``a ##AT##-##AT## b-c``), then corpus BLEU on the resulting tokens with no further tokenization and no
-  smoothing (``smooth_method="none"``, like multi-bleu: 0 when some n-gram order has no match).
-  Known differences from Moses: ``13a`` splits a hyphen after a digit (``1-2`` -> ``1 - 2``), which Moses
-  leaves to the compound splitter (``1 ##AT##-##AT## 2``); n-gram counts are the same either way unless a
-  bare ``-`` also occurs elsewhere. Moses also escapes ``& " ' < > [ ]`` as HTML entities on both sides,
-  which does not change counts. ``tokenized_bleu_signature`` records the recipe.
+- ``tokenized_bleu``: the number comparable to the BLEU scores of Vaswani et al. (2017), computed as their
+  EN-DE scores were (tensor2tensor's ``get_ende_bleu.sh``), step by step:
+
+  1. Moses ``tokenizer.perl -l <target_lang>`` with its defaults on hypotheses and references, through
+     `sacremoses` (its maintained Python port): the language's rules (e.g. ``-l de`` splits every apostrophe,
+     ``-l en`` keeps ``'s``/``'t`` on the next word; the language's non-breaking prefixes such as ``z.B.`` or
+     ``Mr.`` keep their period), no aggressive hyphen splitting, and special characters escaped as
+     tokenizer.perl does (``"`` -> ``&quot;``, ``'`` -> ``&apos;``, ``&`` -> ``&amp;``, ``< > [ ] |``);
+     ``target_lang`` "" means tokenizer.perl's default, English. sacremoses follows tokenizer.perl as it was
+     until November 2018, when Moses began to split a sentence-final period unconditionally: a last word that
+     is a non-breaking prefix keeps its period (German ``Nummer 10.``), as in the paper's time.
+  2. For German targets only (where the paper did it; ``compound_split`` overrides), hyphenated compounds
+     split with ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'`` (`split_compounds`).
+  3. Moses ``multi-bleu.perl`` (`multi_bleu`): tokens split at spaces, case-sensitive, corpus-level clipped
+     n-gram counts up to 4, the closest reference length per sentence (the shorter on a tie), brevity
+     penalty exp(1 - r/c) when c < r, no smoothing (0 when some order has no match).
+
+  ``tokenized_bleu_signature`` records the recipe and the sacremoses version. sacreBLEU's ``13a`` tokenization
+  (used by ``bleu``) splits quotes, apostrophes and abbreviations differently, so the two BLEU scores differ.
 
 Inputs: ``predictions`` is a list of strings; ``references`` is a list of strings (one reference each) or a
 list of lists of strings (several references per prediction, the same number for every prediction).
 
-This file must only import what `evaluate` can check for (standard library, sacrebleu, datasets, evaluate):
-`evaluate.load` copies it into its module cache and imports it from there.
+This file must only import what `evaluate` can check for (standard library and installed packages: sacrebleu,
+sacremoses, datasets, evaluate): `evaluate.load` copies it into its module cache and imports it from there.
 """
 
+import functools
+import math
 import re
+from collections import Counter
 
 import datasets
 import evaluate
+import sacremoses
 from sacrebleu.metrics import BLEU, CHRF
 
 
@@ -64,13 +75,15 @@ Args:
     references (`list[str]` or `list[list[str]]`): detokenized references, one (or the same number of)
         reference(s) per prediction.
     target_lang (`str`, *optional*): target language code; picks sacreBLEU's default tokenizer for it.
-    tokenize (`str`, *optional*): sacreBLEU tokenizer name overriding the choice from `target_lang`
-        (used for both `bleu` and the pre-tokenization of `tokenized_bleu`).
+    tokenize (`str`, *optional*): sacreBLEU tokenizer name overriding the choice from `target_lang` (for `bleu`
+        only; `tokenized_bleu` always uses the Moses tokenizer).
     lowercase (`bool`, defaults to False): case-insensitive scores (the paper's are case-sensitive).
-    compound_split (`bool`, defaults to True): apply the ##AT## compound splitting in `tokenized_bleu`.
+    compound_split (`bool`, *optional*): ##AT## compound splitting in `tokenized_bleu`; default: for German
+        targets only.
 Returns:
     bleu, bleu_signature, chrf, chrf_signature, tokenized_bleu, tokenized_bleu_signature,
-    counts, totals, precisions, bp, sys_len, ref_len (the last six describe `bleu`), num_sentences.
+    tokenized_bleu_details (its counts, totals, precisions, bp, sys_len, ref_len), counts, totals, precisions,
+    bp, sys_len, ref_len (these six describe `bleu`), num_sentences.
 Examples:
     >>> metric = evaluate.load(paper_bleu_path())
     >>> metric.compute(predictions=["a b c d"], references=[["a b c d"]])["bleu"]
@@ -116,35 +129,98 @@ def _reference_streams(predictions, references) -> list[list[str]]:
     return [list(stream) for stream in zip(*per_sentence)]
 
 
+# Languages whose paper scores split hyphenated compounds (get_ende_bleu.sh: English-German).
+COMPOUND_SPLIT_LANGUAGES = frozenset({"de"})
+# multi-bleu.perl's `split` on byte strings: ASCII whitespace only.
+_WHITESPACE = re.compile(r"[ \t\n\r\f\v]+")
+
+
+@functools.lru_cache(maxsize=None)
+def _moses_tokenizer(lang: str) -> sacremoses.MosesTokenizer:
+    return sacremoses.MosesTokenizer(lang=lang)
+
+
+def moses_tokenize(text: str, lang: str = "") -> str:
+    """``tokenizer.perl -l <lang>`` with its default options (escaping on, no ``-a``), via sacremoses."""
+    tokenizer = _moses_tokenizer(lang or "en")  # tokenizer.perl's default language
+    return tokenizer.tokenize(text, aggressive_dash_splits=False, escape=True, return_str=True)
+
+
+def _ngram_counts(words: list[str]) -> Counter:
+    return Counter(tuple(words[i : i + n]) for n in range(1, 5) for i in range(len(words) - n + 1))
+
+
+def multi_bleu(hypotheses, reference_streams, lowercase: bool = False) -> dict:
+    """Moses ``multi-bleu.perl`` on tokenized text: ``hypotheses`` one string per sentence, ``reference_streams``
+    one list per reference (each as long as ``hypotheses``). Same rules as the script: words split at ASCII
+    whitespace; n-gram counts (n = 1..4) clipped by the largest count in any one reference, summed over the
+    corpus; reference length = the closest to the hypothesis length, the shorter on a tie; brevity penalty
+    exp(1 - r/c) when c < r; BLEU = BP * exp(mean of log precisions), 0 when some precision is 0 (no
+    smoothing). Also 0 (the script prints 0 or dies) when the references or all hypotheses are empty.
+    ``lowercase`` is the script's ``-lc``. Returns score (0-100) and counts, totals, precisions, bp, sys_len,
+    ref_len."""
+    correct, total = [0] * 4, [0] * 4
+    sys_len = ref_len = 0
+    for i, hypothesis in enumerate(hypotheses):
+        words = _words(hypothesis, lowercase)
+        references = [_words(stream[i], lowercase) for stream in reference_streams]
+        closest = min(references, key=lambda ref: (abs(len(words) - len(ref)), len(ref)))
+        sys_len, ref_len = sys_len + len(words), ref_len + len(closest)
+        max_ref_counts = Counter()
+        for ref in references:
+            max_ref_counts |= _ngram_counts(ref)  # union of Counters: the larger count of each n-gram
+        for ngram, count in _ngram_counts(words).items():
+            total[len(ngram) - 1] += count
+            correct[len(ngram) - 1] += min(count, max_ref_counts[ngram])
+    precisions = [c / t if t else 0.0 for c, t in zip(correct, total)]
+    if ref_len == 0 or sys_len == 0:
+        bp = 0.0 if sys_len == 0 else 1.0
+        score = 0.0
+    else:
+        bp = math.exp(1 - ref_len / sys_len) if sys_len < ref_len else 1.0
+        score = 100 * bp * math.exp(sum(map(math.log, precisions)) / 4) if min(precisions) > 0 else 0.0
+    return {
+        "score": score,
+        "counts": correct,
+        "totals": total,
+        "precisions": [100 * p for p in precisions],
+        "bp": bp,
+        "sys_len": sys_len,
+        "ref_len": ref_len,
+    }
+
+
+def _words(text: str, lowercase: bool) -> list[str]:
+    return [w for w in _WHITESPACE.split(text.lower() if lowercase else text) if w]
+
+
 def tokenized_bleu(
     predictions,
     references,
     target_lang: str = "",
-    tokenize: str | None = None,
     lowercase: bool = False,
-    compound_split: bool = True,
+    compound_split: bool | None = None,
 ) -> dict:
-    """Paper-comparable tokenized BLEU (see the module docstring for the exact recipe and its differences).
+    """Paper-comparable tokenized BLEU: Moses tokenizer, ##AT## compound split (German targets), multi-bleu.perl.
 
-    Returns ``{"score": float, "signature": str, "counts", "totals", "precisions", "bp", "sys_len", "ref_len"}``.
+    Returns ``{"score": float, "signature": str, "counts", "totals", "precisions", "bp", "sys_len", "ref_len"}``
+    (see the module docstring for the recipe).
     """
     streams = _reference_streams(predictions, references)
-    tokenizer = BLEU(tokenize=tokenize, trg_lang=target_lang or "").tokenizer
+    lang = target_lang or "en"
+    if compound_split is None:
+        compound_split = lang in COMPOUND_SPLIT_LANGUAGES
 
     def prepare(text: str) -> str:
-        tokens = tokenizer(text.strip())
+        tokens = moses_tokenize(text.strip(), lang)
         return split_compounds(tokens) if compound_split else tokens
 
-    hyps = [prepare(h) for h in predictions]
-    refs = [[prepare(r) for r in stream] for stream in streams]
-    bleu = BLEU(tokenize="none", smooth_method="none", lowercase=lowercase, force=True)
-    score = bleu.corpus_score(hyps, refs)
-    recipe = f"pretok:{tokenizer.signature()}" + ("+compound-split(##AT##)" if compound_split else "")
-    return {
-        "score": float(score.score),
-        "signature": f"{recipe}|{bleu.get_signature()}",
-        **_details(score),
-    }
+    result = multi_bleu([prepare(h) for h in predictions], [[prepare(r) for r in s] for s in streams], lowercase)
+    signature = (
+        f"nrefs:{len(streams)}|case:{'lc' if lowercase else 'mixed'}|tok:moses-{lang}(escape)"
+        f"|compound-split:{'##AT##' if compound_split else 'no'}|multi-bleu.perl|sacremoses:{sacremoses.__version__}"
+    )
+    return {**result, "signature": signature}
 
 
 def _details(score) -> dict:
@@ -164,7 +240,7 @@ def translation_scores(
     target_lang: str = "",
     tokenize: str | None = None,
     lowercase: bool = False,
-    compound_split: bool = True,
+    compound_split: bool | None = None,
 ) -> dict:
     """All scores of this module as a plain dict (what `PaperBleu.compute` returns)."""
     streams = _reference_streams(predictions, references)
@@ -172,7 +248,7 @@ def translation_scores(
     bleu_score = bleu.corpus_score(list(predictions), streams)
     chrf = CHRF(lowercase=lowercase)
     chrf_score = chrf.corpus_score(list(predictions), streams)
-    tok = tokenized_bleu(predictions, references, target_lang, tokenize, lowercase, compound_split)
+    tok = tokenized_bleu(predictions, references, target_lang, lowercase, compound_split)
     return {
         "bleu": float(bleu_score.score),
         "bleu_signature": str(bleu.get_signature()),
@@ -180,6 +256,7 @@ def translation_scores(
         "chrf_signature": str(chrf.get_signature()),
         "tokenized_bleu": tok["score"],
         "tokenized_bleu_signature": tok["signature"],
+        "tokenized_bleu_details": {k: tok[k] for k in ("counts", "totals", "precisions", "bp", "sys_len", "ref_len")},
         **_details(bleu_score),
         "num_sentences": len(predictions),
     }
@@ -214,9 +291,9 @@ class PaperBleu(evaluate.Metric):
         )
 
     def _compute(
-        self, predictions, references, target_lang="", tokenize=None, lowercase=False, compound_split=True
+        self, predictions, references, target_lang="", tokenize=None, lowercase=False, compound_split=None
     ):
         return translation_scores(predictions, references, target_lang, tokenize, lowercase, compound_split)
 
 
-__all__ = ["PaperBleu", "split_compounds", "tokenized_bleu", "translation_scores"]
+__all__ = ["PaperBleu", "moses_tokenize", "multi_bleu", "split_compounds", "tokenized_bleu", "translation_scores"]

@@ -1,0 +1,28 @@
+"""Every command line in scripts/ answers `--help` (a real subprocess, as a newcomer runs it)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(path.name for path in (REPO / "scripts").glob("*.py"))
+
+
+def test_every_script_is_covered():
+    assert {"train.py", "evaluate.py", "translate.py", "average_checkpoints.py", "push_to_hub.py"} <= set(SCRIPTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_exits_0_with_a_usage_line(script, tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / script), "--help"], capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: {script} "), done.stdout[:500]
+    assert "Traceback" not in done.stderr

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 def validation_scores(recipe: Path, model_dir: Path) -> str:
     """sacreBLEU (chrF) of the averaged model on the recipe's validation files: the set to choose settings on."""
     from vaswani_transformer.evaluation import evaluate_model
-    from vaswani_transformer.training import load_recipe
+    from vaswani_transformer.train import load_recipe
 
     values = load_recipe(recipe)
     prefix = REPO / values["validation_file"]
@@ -59,7 +59,7 @@ def main() -> None:
     result = json.loads((REPO / out / "training_summary.json").read_text())
     summary, test = result.get("summary", {}), result.get("test", {})
     validation = validation_scores(REPO / args.recipe, REPO / out / "averaged")
-    from vaswani_transformer.analysis import plot_learning_curve
+    from vaswani_transformer.plots import plot_learning_curve
 
     plot = plot_learning_curve(
         REPO / out / "trainer_state.json",

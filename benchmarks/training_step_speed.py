@@ -18,7 +18,8 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
-from vaswani_transformer.training import keep_freed_cpu_memory
+from vaswani_transformer.modeling_vaswani_transformer import shift_tokens_right
+from vaswani_transformer.trainer import keep_freed_cpu_memory
 
 
 def build(kind: str, args, attention: str) -> torch.nn.Module:
@@ -79,7 +80,7 @@ def main():
     generator = torch.Generator().manual_seed(0)
     ids = lambda: torch.randint(4, args.vocab, (args.batch, args.length), generator=generator)  # noqa: E731
     labels = ids()
-    batch = {"input_ids": ids(), "labels": labels, "decoder_input_ids": torch.cat([torch.ones_like(labels[:, :1]), labels[:, :-1]], 1)}
+    batch = {"input_ids": ids(), "labels": labels, "decoder_input_ids": shift_tokens_right(labels, 0, 1)}  # both models
     tokens = args.batch * args.length
     print(f"batch {args.batch} x {args.length} tokens per side, d_model {args.d_model}, {args.layers}+{args.layers} layers, "
           f"h {args.heads}, d_ff {args.d_ff}, vocab {args.vocab}, torch threads {torch.get_num_threads()}, "

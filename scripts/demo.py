@@ -1,20 +1,10 @@
-"""Build a model from a paper preset, save it, reload it with AutoModelForSeq2SeqLM and generate.
+#!/usr/bin/env python
+"""Build a model from a paper preset, save it, reload it with AutoModelForSeq2SeqLM and generate; see `--help`.
 
-    python scripts/demo.py --preset base --output-dir outputs/demo
+    python scripts/demo.py --preset base --output_dir outputs/demo
 """
 
-import argparse
-
-from vaswani_transformer.demo import run_demo
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="base", help="a paper preset (see vaswani_transformer.available_presets())")
-    parser.add_argument("--vocab-size", type=int, default=37000)
-    parser.add_argument("--output-dir", default="outputs/demo")
-    args = parser.parse_args()
-    print(run_demo(args.preset, args.output_dir, vocab_size=args.vocab_size))
+from vaswani_transformer.demo import main
 
 
 if __name__ == "__main__":

@@ -6,15 +6,10 @@ All of `Seq2SeqTrainingArguments` is accepted, plus the data/model flags of tran
 example and ours (--preset, --config_overrides, --max_tokens_per_batch, --tokens_per_update, --synthetic_task,
 --average_last_checkpoints, --lr_factor, --save_every_minutes). `--preset` sets the model and the training values
 of its Table 3 row (label smoothing, max_steps); a flag or recipe key the user gives wins. `--help` lists everything.
+The same command is installed as `vaswani-train` (`vaswani_transformer.train.main`).
 """
 
-import os
-import sys
-
-# scripts/evaluate.py would shadow the `evaluate` package: do not import from this folder.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
-from vaswani_transformer.training import main  # noqa: E402
+from vaswani_transformer.train import main
 
 if __name__ == "__main__":
     main()

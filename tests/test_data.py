@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.data import (
     FILTER_RULES,
     FilterReport,
@@ -298,12 +299,15 @@ def test_collator_and_dataloader_with_token_batches(tmp_path, tokenizer):
     collator = TranslationDataCollator(tokenizer)
     batch = collator([{"input_ids": [5, 6, 2], "labels": [7, 2], "source_length": 3},
                       {"input_ids": [8, 2], "labels": [9, 10, 11, 2]}])
-    assert set(batch) == {"input_ids", "attention_mask", "labels", "decoder_input_ids"}
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}  # decoder inputs are the model's to make
     assert batch["input_ids"].tolist() == [[5, 6, 2], [8, 2, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch["labels"].tolist() == [[7, 2, -100, -100], [9, 10, 11, 2]]
-    assert batch["decoder_input_ids"].tolist() == [[1, 7, 2, 0], [1, 9, 10, 11]]
     assert all(t.dtype == torch.long for t in batch.values())
+    model = VaswaniTransformerForConditionalGeneration(VaswaniTransformerConfig(
+        vocab_size=50, d_model=8, d_ff=8, num_heads=2, encoder_layers=1, decoder_layers=1))  # fmt: skip
+    # <s> (1), then the labels without their last token, padding (-100) as <pad> (0)
+    assert model.prepare_decoder_input_ids_from_labels(batch["labels"]).tolist() == [[1, 7, 2, 0], [1, 9, 10, 11]]
 
     data = write_formats(tmp_path / "data", PAIRS * 30)
     raw = load_parallel_dataset(train_file=str(data / "train"), cache_dir=str(tmp_path / "cache"))
@@ -322,17 +326,19 @@ def test_collator_and_dataloader_with_token_batches(tmp_path, tokenizer):
 
 
 @pytest.mark.slow
-def test_sampler_and_collator_plug_into_seq2seq_trainer(tmp_path, tokenizer):
-    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+def test_sampler_and_collator_plug_into_the_trainer(tmp_path, tokenizer):
+    """VaswaniSeq2SeqTrainer(max_tokens_per_batch=...) trains on the sampler's batches, as they are, and sets its
+    epoch: what training uses (get_train_dataloader)."""
+    from transformers import Seq2SeqTrainingArguments
 
-    from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
     from vaswani_transformer.tokenization import check_tokenizer_matches_config, config_kwargs_from_tokenizer
+    from vaswani_transformer.trainer import VaswaniSeq2SeqTrainer
 
     data = write_formats(tmp_path / "data", PAIRS * 8)
     raw = load_parallel_dataset(train_file=str(data / "train"), cache_dir=str(tmp_path / "cache"))
     ds, _ = tokenize_parallel_dataset(raw, tokenizer, "en", "de", max_source_tokens=64, max_target_tokens=64)
     train = ds["train"].add_column("index", list(range(len(ds["train"]))))
-    sampler = TokenBatchSampler.from_dataset(train, max_tokens=64, seed=5)
+    sampler = TokenBatchSampler.from_dataset(train, max_tokens=64, seed=5)  # what the trainer should build
     collator = TranslationDataCollator(tokenizer)
     seen = []
 
@@ -340,19 +346,15 @@ def test_sampler_and_collator_plug_into_seq2seq_trainer(tmp_path, tokenizer):
         seen.append([f["index"] for f in features])
         return collator(features)
 
-    class TokenBatchTrainer(Seq2SeqTrainer):
-        def _get_train_sampler(self, train_dataset=None):
-            return sampler
-
     torch.manual_seed(0)
     config = VaswaniTransformerConfig(**config_kwargs_from_tokenizer(tokenizer), d_model=16, encoder_layers=1,
                                       decoder_layers=1, num_heads=2, d_ff=32)
     check_tokenizer_matches_config(tokenizer, config)
     args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=2, report_to="none",
-                                    remove_unused_columns=False, save_strategy="no", logging_strategy="no",
-                                    use_cpu=True, disable_tqdm=True, seed=0)
-    trainer = TokenBatchTrainer(model=VaswaniTransformerForConditionalGeneration(config), args=args,
-                                train_dataset=train, data_collator=observing_collator)
+                                    save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True,
+                                    seed=5)  # fmt: skip
+    trainer = VaswaniSeq2SeqTrainer(model=VaswaniTransformerForConditionalGeneration(config), args=args,
+                                    train_dataset=train, data_collator=observing_collator, max_tokens_per_batch=64)
     assert len(trainer.get_train_dataloader()) == len(sampler)
     seen.clear()
     trainer.train()

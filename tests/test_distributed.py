@@ -1,6 +1,5 @@
 """Two processes under `accelerate launch --multi_gpu` with `--use_cpu` (gloo): different batches per rank, identical weights."""
 
-import hashlib
 import json
 import os
 import socket
@@ -13,14 +12,14 @@ import pytest
 
 from test_training import tiny_args, write_fixture
 
-# Runs vaswani_transformer.training.main (what scripts/train.py runs) with a probe: a forward pre-hook records the
+# Runs vaswani_transformer.train.run_from_args (what scripts/train.py runs) with a probe: a forward pre-hook records the
 # source sequences of every micro-batch, and after every update the weights' digest is recorded.
 PROBE = textwrap.dedent(
     """
     import hashlib, json, os, sys
     import torch
     from transformers import TrainerCallback
-    from vaswani_transformer.training import main
+    from vaswani_transformer.train import run_from_args
 
     class Probe(TrainerCallback):
         def __init__(self):
@@ -49,7 +48,7 @@ PROBE = textwrap.dedent(
                 json.dump({"batches": self.batches, "digests": self.digests, "backend": backend,
                            "world_size": args.world_size, "accumulation": args.gradient_accumulation_steps}, f)
 
-    main(sys.argv[1:], callbacks=[Probe()])
+    run_from_args(sys.argv[1:], callbacks=[Probe()])
     """
 )
 

@@ -21,12 +21,11 @@ from vaswani_transformer.evaluation import (
     decoding_settings,
     evaluate_model,
     evaluation_report,
-    generate_translate_lines,
     make_compute_metrics,
     moses_tokenize,
     multi_bleu,
     paper_bleu_path,
-    read_lines,
+    read_segments,
     split_compounds,
     tokenized_bleu,
 )
@@ -304,21 +303,19 @@ def test_evaluate_model_default_translation_from_files(model_dir, tmp_path):
     assert report["sacrebleu"] == pytest.approx(
         sacrebleu.corpus_bleu(hypotheses, [["Ein Mann.", "Zwei Kinder."]]).score, abs=1e-12
     )
-    assert report["source_file"] == str(tmp_path / "test.en") and "translate_fn" in report["decoding"]
+    assert report["source_file"] == str(tmp_path / "test.en")
+    assert report["decoding"]["translate_fn"] == "vaswani_transformer.translate.translate_lines"  # the default
 
 
-def test_generate_translate_lines_batches_in_input_order_with_the_models_decoding(model_dir):
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+def test_decoding_settings_record_the_translate_function_and_the_models_decoding(model_dir):
+    from transformers import AutoModelForSeq2SeqLM
 
-    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
-    lines = ["a", "Ein Mann mit Hut", "b c d", "Zwei"]
-    batched = generate_translate_lines(model, tokenizer, lines, batch_size=3, max_len_b=4)
-    one_by_one = [model.generate(**tokenizer([line], return_tensors="pt"), max_len_b=4)[0] for line in lines]
-    one_by_one = tokenizer.batch_decode(one_by_one, skip_special_tokens=True)
-    assert batched == one_by_one
-    settings = decoding_settings(generate_translate_lines, {"max_len_b": 4}, model)
-    assert settings["translate_fn"] == "vaswani_transformer.evaluation.generate_translate_lines"
-    assert settings["batch_size"] == 32 and settings["max_len_b"] == 4
+    from vaswani_transformer.translate import translate_lines
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    settings = decoding_settings(translate_lines, {"max_len_b": 4}, model)
+    assert settings["translate_fn"] == "vaswani_transformer.translate.translate_lines"
+    assert settings["max_tokens"] == 4096 and settings["max_len_b"] == 4
     assert settings["generation_config"] == {  # the paper's decoding, from the model's generation config
         "num_beams": 4, "length_penalty": 0.6, "length_penalty_type": "gnmt", "beam_search_rules": "t2t",
         "max_len_a": 1, "max_len_b": 50, "early_stopping": True,
@@ -345,7 +342,7 @@ def test_bad_test_files(model_dir, tmp_path):
         evaluate_model(model_dir, tmp_path / "a.en", tmp_path / "a.de", translate_fn=copy_references)
     (tmp_path / "b.de").write_bytes("eins\nzw\xc3\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"b\.de:2: invalid UTF-8"):
-        read_lines(tmp_path / "b.de")
+        read_segments(tmp_path / "b.de")
     (tmp_path / "c.de").write_text("eins\n  \ndrei\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"c\.de:2: empty line"):
         evaluate_model(model_dir, tmp_path / "a.en", tmp_path / "c.de", translate_fn=copy_references)
@@ -357,7 +354,7 @@ def test_bad_test_files(model_dir, tmp_path):
 
 def run_script(*args) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, str(REPO / "scripts" / "evaluate.py"), *map(str, args)]
+    command = [sys.executable, str(REPO / "scripts" / "evaluate_model.py"), *map(str, args)]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -366,14 +363,14 @@ def test_cli_translates_and_scores(model_dir, tmp_path):
     (tmp_path / "test.en").write_text("Ein Mann mit Hut.\nZwei Kinder.\n", encoding="utf-8")
     (tmp_path / "test.de").write_text("Ein Mann mit einem Hut.\nZwei Kinder spielen.\n", encoding="utf-8")
     done = run_script(
-        "--model", model_dir, "--test-prefix", tmp_path / "test", "--source-lang", "en", "--target-lang", "de",
-        "--num-beams", "2", "--output-json", tmp_path / "eval.json", "--hypotheses-file", tmp_path / "hyp.de",
+        "--model_name_or_path", model_dir, "--test_file", tmp_path / "test", "--source_lang", "en", "--target_lang",
+        "de", "--num_beams", "2", "--output_json", tmp_path / "eval.json", "--hypotheses_file", tmp_path / "hyp.de",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     written = json.loads((tmp_path / "eval.json").read_text(encoding="utf-8"))
     assert written == json.loads(done.stdout)
     hypotheses = (tmp_path / "hyp.de").read_text(encoding="utf-8").split("\n")[:-1]
-    references = read_lines(tmp_path / "test.de")
+    references = read_segments(tmp_path / "test.de")
     assert written["sacrebleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-12)
     assert written["decoding"]["num_beams"] == 2 and written["num_sentences"] == 2
 
@@ -388,32 +385,29 @@ def test_cli_translates_and_scores(model_dir, tmp_path):
     ))  # fmt: skip
 
 
-
 def test_cli_reports_bad_input_as_an_error(model_dir, tmp_path, capsys):
-    import importlib.util
+    from vaswani_transformer.evaluation import main
 
-    spec = importlib.util.spec_from_file_location("evaluate_script", REPO / "scripts" / "evaluate.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    # vaswani-evaluate's main, called in-process; the older spellings (--model, --target-lang) are aliases.
     (tmp_path / "test.en").write_text("a\nb\n", encoding="utf-8")
     (tmp_path / "ref.de").write_text("a\nb\nc\n", encoding="utf-8")
-    assert script.main(["--model", str(model_dir), "--source", str(tmp_path / "test.en"),
+    assert main(["--model", str(model_dir), "--source", str(tmp_path / "test.en"),
                         "--reference", str(tmp_path / "ref.de")]) == 1  # fmt: skip
     stderr = capsys.readouterr().err
     assert "test.en has 2 lines" in stderr and "ref.de has 3 lines" in stderr
     with pytest.raises(SystemExit):
-        script.main(["--model", str(model_dir), "--reference", str(tmp_path / "ref.de")])
-    assert "--model needs --source" in capsys.readouterr().err
-    assert script.main(["--hypotheses", str(tmp_path / "test.en"), "--reference", str(tmp_path / "ref.de")]) == 1
+        main(["--model", str(model_dir), "--reference", str(tmp_path / "ref.de")])
+    assert "--model_name_or_path needs --source" in capsys.readouterr().err
+    assert main(["--hypotheses", str(tmp_path / "test.en"), "--reference", str(tmp_path / "ref.de")]) == 1
     assert "test.en has 2 lines, " in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        script.main(["--hypotheses", "h", "--reference", "r", "--decoding", "beam"])
+        main(["--hypotheses", "h", "--reference", "r", "--decoding", "beam"])
     assert "--decoding expects KEY=VALUE" in capsys.readouterr().err
     # An empty translation is a system output like any other (a model may emit </s> at once): scored, not refused.
     (tmp_path / "hyp.de").write_text("a\n\n", encoding="utf-8")
     (tmp_path / "ref2.de").write_text("a\nb\n", encoding="utf-8")
     out = tmp_path / "r.json"
-    assert script.main(["--hypotheses", str(tmp_path / "hyp.de"), "--reference", str(tmp_path / "ref2.de"),
+    assert main(["--hypotheses", str(tmp_path / "hyp.de"), "--reference", str(tmp_path / "ref2.de"),
                         "--target-lang", "de", "--output-json", str(out)]) == 0  # fmt: skip
     expected = sacrebleu.corpus_bleu(["a", ""], [["a", "b"]]).score
     assert json.loads(out.read_text())["sacrebleu"] == pytest.approx(expected, abs=1e-12)

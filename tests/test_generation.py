@@ -12,6 +12,8 @@ from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.generation import PAPER_GENERATION_DEFAULTS
 
+import helpers
+
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 40
 
@@ -21,11 +23,7 @@ def tiny_model(seed: int = 0, eos_bias: float = 0.0) -> VaswaniTransformerForCon
 
     The bias is the last decoder LayerNorm's bias, pointed along the (tied) </s> output embedding.
     """
-    torch.manual_seed(seed)
-    config = VaswaniTransformerConfig(
-        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0
-    )
-    model = VaswaniTransformerForConditionalGeneration(config).double().eval()
+    model = helpers.tiny_model(seed, vocab_size=VOCAB).double()
     if eos_bias:
         with torch.no_grad():
             eos_embedding = model.lm_head.weight[EOS]

@@ -13,25 +13,22 @@ from huggingface_hub import ModelCard
 import vaswani_transformer  # noqa: F401
 from vaswani_transformer import VaswaniTransformerConfig
 from vaswani_transformer.evaluation import evaluation_report
+from vaswani_transformer.card import count_parameters, detect_preset, training_info_from_run
 from vaswani_transformer.hub import (
     CODE_FILES,
     RepositoryValidationError,
-    count_parameters,
-    detect_preset,
     export_repository,
     push_repository,
-    training_info_from_run,
     write_model_card,
     write_repository_extras,
 )
 
-from translation_fixtures import (  # single_thread: autouse fixture, one torch thread
+from helpers import (
     SINGLE_THREAD_ENV,
     SOURCES,
     TEST_MAX_LEN_B,
     generate_texts,
     save_tiny_model,
-    single_thread,  # noqa: F401
 )
 
 
@@ -51,7 +48,7 @@ def saved(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def eval_json(tmp_path_factory):
-    """A real evaluation report (the JSON scripts/evaluate.py writes): hypotheses that partly match the references."""
+    """A real evaluation report (the JSON vaswani-evaluate writes): hypotheses that partly match the references."""
     path = tmp_path_factory.mktemp("eval") / "test_2016_flickr.json"
     hypotheses = REFERENCES[:3] + ["y", "Die Katze.", "Zwei Hunde spielen."]
     report = evaluation_report(hypotheses, REFERENCES, source_lang="en", target_lang="de", model="tiny",
@@ -61,13 +58,13 @@ def eval_json(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory, saved, eval_json):
-    """scripts/push_to_hub.py --output-dir, as a user runs it (it validates the folder in a clean Python itself)."""
+    """scripts/push_to_hub.py --output_dir, as a user runs it (it validates the folder in a clean Python itself)."""
     folder, _, _ = saved
     out = tmp_path_factory.mktemp("dry") / "repo"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), "--model", str(folder), "--output-dir", str(out),
-         "--source-lang", "en", "--target-lang", "de", "--eval-results", str(eval_json[0]), "--dataset",
-         "bentrevett/multi30k", "--repo-id", "someone/transformer-tiny-en-de"],
+        [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), "--model_name_or_path", str(folder),
+         "--output_dir", str(out), "--source_lang", "en", "--target_lang", "de", "--eval_results", str(eval_json[0]),
+         "--dataset", "bentrevett/multi30k", "--repo_id", "someone/transformer-tiny-en-de"],
         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", **SINGLE_THREAD_ENV},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -167,7 +164,7 @@ def test_trainer_runs_get_the_same_repository(tmp_path, saved):
     """write_model_card is what VaswaniSeq2SeqTrainer.create_model_card calls on its output folder."""
     from transformers import Seq2SeqTrainer
 
-    from vaswani_transformer.training import VaswaniTrainingArguments
+    from vaswani_transformer.train import VaswaniTrainingArguments
 
     folder, model, tokenizer = saved
     run = tmp_path / "run"

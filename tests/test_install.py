@@ -1,16 +1,19 @@
-"""A wheel installed like a PyPI release (not editable) trains and writes its model card outside the checkout."""
+"""A wheel installed like a PyPI release (not editable) is a complete product outside the checkout: its console
+commands answer --help, and the quickstart trains, writes its model card and translates."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 
 REPO = Path(__file__).resolve().parents[1]
+CONSOLE_COMMANDS = sorted(tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"])
 # The quickstart recipe made tiny: 200 training pairs, 4 updates of a 1+1-layer model, 2 checkpoints averaged.
 TINY_QUICKSTART = [
     "--synthetic_train_size", "200", "--synthetic_eval_size", "8", "--max_steps", "4", "--save_steps", "2",
@@ -49,18 +52,27 @@ def test_wheel_install_trains_and_writes_its_model_card(tmp_path):
 
     elsewhere = tmp_path / "elsewhere"  # outside the checkout: nothing can come from it
     elsewhere.mkdir()
-    probe = run([python, "-c", "import json, vaswani_transformer as v; from vaswani_transformer import hub, evaluation;"
-                 "print(json.dumps([v.__file__, str(hub.DEFAULT_TEMPLATE), evaluation.paper_bleu_path()]))"],
+    probe = run([python, "-c", "import json, vaswani_transformer as v; from vaswani_transformer import card, evaluation;"
+                 "print(json.dumps([v.__file__, str(card.DEFAULT_TEMPLATE), evaluation.paper_bleu_path()]))"],
                 cwd=elsewhere)  # fmt: skip
     package, template, metric = map(Path, json.loads(probe.stdout.strip().splitlines()[-1]))
     assert package.is_relative_to(venv) and template.is_relative_to(venv) and metric.is_relative_to(venv)
     assert template.is_file() and metric.is_file()
 
-    # The quickstart, tiny, through the installed package's training entry point; it ends by writing the card.
-    train = ("import sys, vaswani_transformer.training as t; assert t.__file__.startswith(sys.argv[1]), t.__file__;"
-             "t.main(sys.argv[2:])")  # fmt: skip
-    run([python, "-c", train, venv, REPO / "configs" / "quickstart.yaml", "--output_dir", elsewhere / "run",
+    # Every console command of [project.scripts] is installed next to the venv's python and answers --help.
+    assert {"vaswani-train", "vaswani-average", "vaswani-translate", "vaswani-evaluate", "vaswani-push",
+            "vaswani-train-tokenizer"} <= set(CONSOLE_COMMANDS)  # fmt: skip
+    for command in CONSOLE_COMMANDS:
+        done = run([python.parent / command, "--help"], cwd=elsewhere)
+        assert done.stdout.startswith(f"usage: {command} "), done.stdout[:300]
+
+    # The quickstart, tiny, through the installed `vaswani-train`; it ends by writing the card.
+    run([python.parent / "vaswani-train", REPO / "configs" / "quickstart.yaml", "--output_dir", elsewhere / "run",
          *TINY_QUICKSTART], cwd=elsewhere)  # fmt: skip
     card = (elsewhere / "run" / "README.md").read_text(encoding="utf-8")
     assert "## Evaluation" in card and "| updates (optimizer steps) | 4 |" in card
     assert (elsewhere / "run" / "averaged" / "model.safetensors").is_file()
+    # ... and its averaged model translates with the installed `vaswani-translate`, one line per line.
+    done = run([python.parent / "vaswani-translate", "--model_name_or_path", elsewhere / "run" / "averaged",
+                "--no_progress"], cwd=elsewhere, input="4821\n\n2026\n")  # fmt: skip
+    assert done.stdout.count("\n") == 3 and done.stdout.split("\n")[1] == ""

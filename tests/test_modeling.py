@@ -12,23 +12,14 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_outputs import Seq2SeqModelOutput
 
 from vaswani_transformer import (
-    VaswaniTransformerConfig,
     VaswaniTransformerForConditionalGeneration,
     VaswaniTransformerModel,
     sinusoidal_position_encoding,
 )
 
+from helpers import tiny_config, tiny_model
+
 PAD = 0
-
-
-def tiny_config(**overrides) -> VaswaniTransformerConfig:
-    values = dict(vocab_size=50, d_model=32, encoder_layers=2, decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0)
-    return VaswaniTransformerConfig(**{**values, **overrides})
-
-
-def tiny_model(seed: int = 0, **overrides) -> VaswaniTransformerForConditionalGeneration:
-    torch.manual_seed(seed)
-    return VaswaniTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
 
 
 def random_ids(batch: int, length: int, seed: int = 1, vocab_size: int = 50) -> torch.Tensor:

@@ -22,14 +22,13 @@ from vaswani_transformer.pipeline import (
     truncate_source,
 )
 
-from translation_fixtures import (  # single_thread: autouse fixture, one torch thread
+from helpers import (
     SINGLE_THREAD_ENV,
     SOURCES,
     TEST_MAX_LEN_B,
     generate_one_by_one,
     generate_texts,
     save_tiny_model,
-    single_thread,  # noqa: F401
 )
 
 

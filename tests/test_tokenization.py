@@ -15,10 +15,10 @@ from vaswani_transformer.tokenization import (
     WORDPIECE_CONTINUATION_PREFIX,
     check_tokenizer_matches_config,
     config_kwargs_from_tokenizer,
-    count_lines,
     expected_roundtrip,
     train_tokenizer,
 )
+from vaswani_transformer.textio import count_lines
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -183,8 +183,9 @@ def test_cli_trains_from_files_and_from_parallel_data(tmp_path):
     text = varied_sentences(1, seed=8)[0]
     assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text
 
-    result = _run_cli("--train_file", "train", "--source_lang", "en", "--target_lang", "de", "--vocab-size", "400",
-                      "--min-frequency", "1", "--output-dir", "tok_bpe", "--no-progress", cwd=tmp_path)
+    # canonical spellings (run_translation's); the call above uses the dashed aliases
+    result = _run_cli("--train_file", "train", "--source_lang", "en", "--target_lang", "de", "--vocab_size", "400",
+                      "--min_frequency", "1", "--output_dir", "tok_bpe", "--no_progress", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Saved a bpe tokenizer with 400 tokens" in result.stdout
     assert AutoTokenizer.from_pretrained(tmp_path / "tok_bpe")(text)["input_ids"][-1] == 2

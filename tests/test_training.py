@@ -16,18 +16,22 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
-from vaswani_transformer.training import (
-    NonFiniteLossError,
-    VaswaniSeq2SeqTrainer,
+from vaswani_transformer.checkpoints import find_last_complete_checkpoint
+from vaswani_transformer.train import (
     VaswaniTrainingArguments,
-    build_optimizer,
-    find_last_complete_checkpoint,
-    gradient_accumulation_for,
     load_recipe,
-    main,
+    run_from_args,
     parse_arguments,
     parse_config_overrides,
 )
+from vaswani_transformer.trainer import (
+    NonFiniteLossError,
+    VaswaniSeq2SeqTrainer,
+    build_optimizer,
+    gradient_accumulation_for,
+)
+
+import helpers
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "train.py"
@@ -75,10 +79,8 @@ def losses(state_file: Path) -> dict[int, float]:
 
 
 def tiny_model() -> VaswaniTransformerForConditionalGeneration:
-    torch.manual_seed(0)
-    return VaswaniTransformerForConditionalGeneration(
-        VaswaniTransformerConfig(vocab_size=50, d_model=32, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1)
-    )
+    """A 1+1-layer model with the paper's dropout, in training mode."""
+    return helpers.tiny_model(num_heads=2, encoder_layers=1, decoder_layers=1, dropout=0.1).train()
 
 
 # ------------------------------------------------------------------------------ schedule and optimizer
@@ -151,6 +153,29 @@ def test_label_smoothed_loss_equals_transformers_label_smoother_and_the_formula(
     assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
     assert loss.item() == pytest.approx(formula.item(), rel=1e-5)
     assert summed.item() == pytest.approx(formula.item() / 2, rel=1e-5)  # normalised by the update's token count
+
+
+def test_labels_are_shifted_by_the_model_alone_with_the_same_loss_and_gradients(tmp_path):
+    """The collator pads only; the trainer's loss gets the decoder inputs from the model. Loss and gradients equal
+    those with the decoder inputs the collator used to add, written here by hand (<s>, the labels shifted right,
+    padding as <pad>)."""
+    model = tiny_model().eval()
+    trainer = VaswaniSeq2SeqTrainer(model=model, args=VaswaniTrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none"))  # fmt: skip
+    input_ids = torch.tensor([[5, 6, 2], [8, 2, 0]])
+    labels = torch.tensor([[7, 2, -100, -100], [9, 10, 11, 2]])
+    batch = {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": labels}
+    by_hand = torch.tensor([[1, 7, 2, 0], [1, 9, 10, 11]])
+    results = []
+    for inputs in (batch, {**batch, "decoder_input_ids": by_hand}):
+        model.zero_grad()
+        loss = trainer.compute_loss(model, dict(inputs))
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss, grads), (expected_loss, expected_grads) = results
+    assert loss.item() == expected_loss.item()
+    for name, grad in grads.items():
+        assert torch.equal(grad, expected_grads[name]), name
 
 
 class _KeepGradients(TrainerCallback):
@@ -289,7 +314,7 @@ def test_unknown_recipe_key_lists_valid_ones(tmp_path):
 def test_unknown_preset_and_config_field(tmp_path):
     data = write_fixture(tmp_path / "data", n_train=20)
     with pytest.raises(ValueError, match="Unknown preset 'huge'.*Valid presets: base, big"):
-        main(tiny_args(data, tmp_path / "out", "--preset", "huge"))
+        run_from_args(tiny_args(data, tmp_path / "out", "--preset", "huge"))
     with pytest.raises(ValueError, match=r"unknown config field\(s\) \['d_modle'\].*Valid fields:.*d_model"):
         parse_config_overrides("d_modle=3")
 
@@ -298,7 +323,7 @@ def test_tokenizer_config_mismatch_fails_before_training(tmp_path):
     data = write_fixture(tmp_path / "data", n_train=40)
     out = tmp_path / "out"
     with pytest.raises(ValueError, match="Tokenizer and model config disagree.*vocab_size=100"):
-        main(tiny_args(data, out, "--config_overrides", TINY_MODEL + ",vocab_size=100", "--max_steps", "2"))
+        run_from_args(tiny_args(data, out, "--config_overrides", TINY_MODEL + ",vocab_size=100", "--max_steps", "2"))
     assert not list(out.glob("checkpoint-*")) and not (out / "trainer_state.json").exists()
 
 
@@ -334,7 +359,7 @@ def test_evaluation_sets_are_scored_whole_and_long_sources_truncated_with_a_warn
     (data / "test.src").write_text("".join(s + "\n" for s, _ in test), encoding="utf-8")
     (data / "test.tgt").write_text("".join(t + "\n" for _, t in test), encoding="utf-8")
     out = tmp_path / "out"
-    result = main(tiny_args(
+    result = run_from_args(tiny_args(
         data, out, "--config_overrides", TINY_MODEL + ",position_encoding=learned,max_position_embeddings=12",
         "--max_steps", "2", "--max_length_ratio", "1.5", "--max_source_length", "6", "--do_predict",
         "--test_file", str(data / "test"), "--generation_num_beams", "1", "--per_device_eval_batch_size", "8",
@@ -367,7 +392,7 @@ def test_attn_implementation_picks_the_training_kernel_and_is_not_saved(tmp_path
 
     data = write_fixture(tmp_path / "data", n_train=40)
     out, record = tmp_path / "out", _RecordModel()
-    main(tiny_args(data, out, "--max_steps", "3", "--bf16", "true", "--attn_implementation", "eager"), callbacks=[record])
+    run_from_args(tiny_args(data, out, "--max_steps", "3", "--bf16", "true", "--attn_implementation", "eager"), callbacks=[record])
     assert (record.kernel, record.bf16) == ("eager", True)
     assert all(torch.isfinite(torch.tensor(v)) for v in losses(out / "trainer_state.json").values())
     assert "_attn_implementation" not in json.loads((out / "config.json").read_text())
@@ -377,7 +402,7 @@ def test_attn_implementation_picks_the_training_kernel_and_is_not_saved(tmp_path
 _MALLOC_PROBE = """
 import ctypes, ctypes.util, json, sys
 import torch
-from vaswani_transformer.training import keep_freed_cpu_memory
+from vaswani_transformer.trainer import keep_freed_cpu_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -424,7 +449,7 @@ def test_nan_loss_stops_naming_the_update_and_keeps_last_checkpoint(tmp_path):
     data = write_fixture(tmp_path / "data", n_train=100)
     out = tmp_path / "out"
     with pytest.raises(NonFiniteLossError, match="at update 5") as stopped:
-        main(tiny_args(data, out, "--max_steps", "10", "--save_steps", "2"), callbacks=[_PoisonWeights(4)])
+        run_from_args(tiny_args(data, out, "--max_steps", "10", "--save_steps", "2"), callbacks=[_PoisonWeights(4)])
     assert f"The last checkpoint, {out / 'checkpoint-4'}, is from before this update" in str(stopped.value)
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     assert find_last_complete_checkpoint(out) == str(out / "checkpoint-4")
@@ -432,7 +457,7 @@ def test_nan_loss_stops_naming_the_update_and_keeps_last_checkpoint(tmp_path):
     assert all(torch.isfinite(t).all() for t in weights.values())
     # no checkpoint written yet: the message says so (and none is written for the NaN weights)
     with pytest.raises(NonFiniteLossError, match=f"at update 1: .*No checkpoint was written in {tmp_path / 'out2'}"):
-        main(tiny_args(data, tmp_path / "out2", "--max_steps", "10", "--save_strategy", "no"),
+        run_from_args(tiny_args(data, tmp_path / "out2", "--max_steps", "10", "--save_strategy", "no"),
              callbacks=[_PoisonWeights(0)])  # fmt: skip
     assert not list((tmp_path / "out2").glob("checkpoint-*"))
 
@@ -450,7 +475,7 @@ def test_end_of_training_is_a_checkpoint_and_is_averaged(tmp_path):
     and averaged; when the last update is saved anyway, it is saved once."""
     data = write_fixture(tmp_path / "data", n_train=40)
     out, saves = tmp_path / "out", _CountSaves()
-    result = main(tiny_args(data, out, "--max_steps", "3", "--save_strategy", "no", "--save_every_minutes", "60",
+    result = run_from_args(tiny_args(data, out, "--max_steps", "3", "--save_strategy", "no", "--save_every_minutes", "60",
                             "--average_last_checkpoints", "5"), callbacks=[saves])  # fmt: skip
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"] and saves.saved_at == [3]
     record = json.loads((out / "averaged" / "averaged_checkpoints.json").read_text())
@@ -459,9 +484,33 @@ def test_end_of_training_is_a_checkpoint_and_is_averaged(tmp_path):
     for name, tensor in load_file(out / "checkpoint-3" / "model.safetensors").items():
         assert torch.equal(tensor, final[name]), name  # the checkpoint holds the final weights
     out2, saves2 = tmp_path / "out2", _CountSaves()
-    main(tiny_args(data, out2, "--max_steps", "4", "--save_steps", "2"), callbacks=[saves2])
+    run_from_args(tiny_args(data, out2, "--max_steps", "4", "--save_steps", "2"), callbacks=[saves2])
     assert saves2.saved_at == [2, 4]
     assert sorted(p.name for p in out2.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_wall_clock_callbacks_save_and_stop_when_their_minutes_have_passed():
+    """Time-based saving asks for a checkpoint once its interval has passed and counts again from that save; the time
+    budget stops training and saves once its minutes have passed since training began."""
+    from transformers import TrainerControl, TrainerState
+
+    from vaswani_transformer.trainer import SaveEveryMinutesCallback, TimeBudgetCallback
+
+    state, seconds = TrainerState(global_step=3), 0.05
+    saver, budget = SaveEveryMinutesCallback(seconds / 60), TimeBudgetCallback(seconds / 60)
+    for callback in (saver, budget):
+        callback.on_train_begin(None, state, TrainerControl())
+    control = TrainerControl()
+    for callback in (saver, budget):
+        callback.on_step_end(None, state, control)
+    assert not (control.should_save or control.should_training_stop)  # too early
+    time.sleep(seconds)
+    saved = saver.on_step_end(None, state, TrainerControl())
+    assert saved.should_save and not saved.should_training_stop
+    saver.on_save(None, state, saved)  # the clock restarts at the save
+    assert not saver.on_step_end(None, state, TrainerControl()).should_save
+    stopped = budget.on_step_end(None, state, TrainerControl())
+    assert stopped.should_training_stop and stopped.should_save
 
 
 class _Records(logging.Handler):
@@ -487,12 +536,12 @@ def test_resume_latest_skips_a_truncated_checkpoint_and_keeps_totals(tmp_path):
     the resumed run ends with the same losses and totals as the uninterrupted one, and logs no false missing keys."""
     data = write_fixture(tmp_path / "data", n_train=60)
     out = tmp_path / "out"
-    first = main(tiny_args(data, out, "--max_steps", "4", "--save_steps", "2"))["summary"]
+    first = run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_steps", "2"))["summary"]
     expected = losses(out / "trainer_state.json")
     weights = out / "checkpoint-4" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-64])
     with _Records("transformers") as warned:
-        resumed = main(tiny_args(data, out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint",
+        resumed = run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint",
                                  "latest"))  # fmt: skip
     assert (out / "incomplete-checkpoint-4" / "model.safetensors").is_file()
     assert not [m for m in warned.messages if "missing keys" in m], warned.messages
@@ -560,7 +609,7 @@ def test_shipped_recipes_parse(recipe, monkeypatch):
 
 
 def test_learning_curve_and_schedule_plots(tmp_path):
-    from vaswani_transformer.analysis import learning_curve, plot_learning_curve, plot_lr_schedule
+    from vaswani_transformer.plots import learning_curve, plot_learning_curve, plot_lr_schedule
 
     state = {"log_history": [{"step": 1, "loss": 5.0, "learning_rate": 1e-4}, {"step": 2, "loss": 4.0},
                              {"step": 2, "eval_loss": 4.5, "eval_bleu": 1.5}, {"step": 2, "train_runtime": 3.0}]}  # fmt: skip

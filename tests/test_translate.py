@@ -1,4 +1,5 @@
-"""translate_lines and scripts/translate.py: line for line, empty lines, truncation, bad input named by line."""
+"""translate_lines and vaswani-translate (scripts/translate.py): line for line, empty lines, truncation, bad input
+named by line."""
 
 import json
 import os
@@ -10,21 +11,14 @@ import pytest
 import torch
 
 import vaswani_transformer  # noqa: F401
-from vaswani_transformer.inference import (
-    check_model_folder,
-    load_model_and_tokenizer,
-    one_line,
-    read_input_lines,
-    translate_lines,
-)
+from vaswani_transformer.textio import one_line
+from vaswani_transformer.translate import check_model_folder, load_model_and_tokenizer, translate_lines
 
-from translation_fixtures import (  # single_thread: autouse fixture, one torch thread
+from helpers import (
     SINGLE_THREAD_ENV,
     SOURCES,
-    generate_one_by_one,
     generate_texts,
     save_tiny_model,
-    single_thread,  # noqa: F401
 )
 
 
@@ -101,17 +95,7 @@ def test_translate_lines_bad_input(saved):
         translate_lines(model, tokenizer, ["a"], max_tokens=0)
 
 
-def test_read_input_lines_and_model_folder_checks(tmp_path, saved):
-    path = tmp_path / "in.txt"
-    path.write_bytes("first\n\nGrüße\r\nlast without newline".encode())
-    assert read_input_lines(path) == (["first", "", "Grüße", "last without newline"], str(path))
-    path.write_bytes(b"ok\nok\n\xff\xfe broken\n")
-    with pytest.raises(ValueError, match=r"in.txt:3: invalid UTF-8"):
-        read_input_lines(path)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        read_input_lines(tmp_path / "missing.txt")
-    assert one_line("a\nb\r\nc\rd") == "a b c d"
-
+def test_model_folder_checks(tmp_path, saved):
     folder, _, _ = saved
     check_model_folder(folder)
     broken = tmp_path / "broken"
@@ -128,19 +112,13 @@ def test_read_input_lines_and_model_folder_checks(tmp_path, saved):
         load_model_and_tokenizer(tmp_path / "nope")
 
 
-def test_evaluation_uses_translate_lines():
-    from vaswani_transformer.evaluation import default_translate_fn
-
-    assert default_translate_fn() is translate_lines
-
-
 @pytest.mark.slow
 def test_cli_file_to_file_line_for_line(tmp_path, saved):
     folder, model, tokenizer = saved
     source = tmp_path / "in.txt"
     source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     output = tmp_path / "out" / "hyp.txt"
-    result = run_cli("--model", folder, "--input", source, "--output", output, "--max-tokens", 24)
+    result = run_cli("--model_name_or_path", folder, "--input", source, "--output", output, "--max_tokens", 24)
     assert result.returncode == 0, result.stderr.decode()
     written = output.read_bytes().decode("utf-8")
     assert written.endswith("\n") and written.count("\n") == len(LINES)
@@ -153,6 +131,7 @@ def test_cli_file_to_file_line_for_line(tmp_path, saved):
 def test_cli_stdin_to_stdout_with_decoding_options(saved):
     folder, model, tokenizer = saved
     lines = LINES[:2] + LINES[4:]  # no final newline on the last line: still one output line per input line
+    # the older spellings (--model, --beam, --alpha, dashes) are aliases of --model_name_or_path, --num_beams, ...
     result = run_cli("--model", folder, "--beam", 2, "--alpha", 1.0, "--max-len-a", 0, "--max-len-b", 5,
                      "--dtype", "float32", "--device", "cpu", stdin="\n".join(lines).encode("utf-8"))  # fmt: skip
     assert result.returncode == 0, result.stderr.decode()

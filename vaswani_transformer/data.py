@@ -8,6 +8,7 @@ Pipeline (each step usable alone)::
     print(report)                                       # how many pairs each rule dropped, per split
     sampler = TokenBatchSampler.from_dataset(tokenized["train"], max_tokens=4096, num_replicas=world, rank=rank)
     loader = DataLoader(tokenized["train"], batch_sampler=sampler, collate_fn=TranslationDataCollator(tokenizer))
+    # in training, VaswaniSeq2SeqTrainer(..., max_tokens_per_batch=4096) builds the sampler and loader itself
 
 Every dataset is in the ``{"translation": {"en": ..., "de": ...}}`` form of transformers' translation examples.
 Tokenised datasets gain ``input_ids`` and ``labels`` (each ending with ``</s>``) and ``source_length`` /
@@ -29,11 +30,10 @@ import numpy as np
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 from datasets.exceptions import DatasetGenerationError
+from torch.utils.data import Sampler
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerBase
-from transformers.trainer_pt_utils import BatchRebalanceSampler
 
-from .modeling_vaswani_transformer import shift_tokens_right
-from .tokenization import count_lines
+from .textio import TextFileError, count_lines, decode_line
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,11 @@ class ParallelDataError(ValueError):
 
 
 def _decode(raw: bytes, path: str, line_number: int) -> str:
+    """`textio.decode_line`, its error raised as a ParallelDataError."""
     try:
-        return raw.decode("utf-8").rstrip("\r\n")
-    except UnicodeDecodeError as err:
-        raise ParallelDataError(f"{path}:{line_number}: invalid UTF-8 ({err.reason} at byte {err.start}).") from None
+        return decode_line(raw, path, line_number)
+    except TextFileError as error:
+        raise ParallelDataError(str(error)) from None
 
 
 def resolve_text_pair(path: str, source_lang: str, target_lang: str) -> tuple[str, str] | None:
@@ -472,16 +473,16 @@ def tokenize_parallel_dataset(
 # ------------------------------------------------------------------------------------------------ batching
 
 
-class TokenBatchSampler(BatchRebalanceSampler):
+class TokenBatchSampler(Sampler[list[int]]):
     """Batches of pairs of similar length holding at most ``max_tokens`` tokens on *each* side, padding included.
 
     Pairs are sorted by the length of their longer side, then by ``target - source`` length (ascending for even,
     descending for odd lengths: a "snake" order, so that neighbouring groups meet with similar shapes), then by
     a ``seed``-ed permutation, and packed greedily while ``batch_size * longest <= max_tokens`` holds on both
-    sides (and ``batch_size <= max_sentences`` if given). On Multi30k en-de with ``max_tokens=4096`` this keeps
-    about 97% of the tokens real (``benchmarks/batching_efficiency.py``); sorting by target then source length
-    (fairseq's order) gives about 93%. The batches are fixed; each epoch shuffles their *order*
-    with ``(seed, epoch)``, so ``len()`` is constant and iteration is deterministic for a seed and epoch.
+    sides (and ``batch_size <= max_sentences`` if given). This pads less than sorting by target then source length
+    (fairseq's order); ``benchmarks/batching_efficiency.py`` measures both. The batches are fixed; each epoch
+    shuffles their *order* with ``(seed, epoch)``, so ``len()`` is constant and iteration is deterministic for a
+    seed and epoch.
 
     Distributed: batch *j* of the epoch's order goes to rank ``j % num_replicas``. If the number of batches is not
     a multiple of ``num_replicas``, the batches with the most pairs are split in two (halving their tokens) until
@@ -493,12 +494,10 @@ class TokenBatchSampler(BatchRebalanceSampler):
     ``oversized_indices`` and reported with a warning (filter them first with ``tokenize_parallel_dataset(...,
     max_source_tokens=max_tokens, max_target_tokens=max_tokens)`` to count them in the filter report).
 
-    ``Seq2SeqTrainer``: it subclasses transformers' ``BatchRebalanceSampler`` (whose ``__init__`` it does not use)
-    only so that the Trainer treats it as a rank-aware *batch* sampler: returned from an overridden
-    ``_get_train_sampler``, it becomes the DataLoader's ``batch_sampler``, accelerate does not re-shard it, and
-    the Trainer calls ``set_epoch`` on it. Build it before training from the tokenised dataset (the Trainer
-    removes the length columns before calling ``_get_train_sampler``) with ``num_replicas=args.world_size`` and
-    ``rank=args.process_index``.
+    Training: ``VaswaniSeq2SeqTrainer(..., max_tokens_per_batch=N)`` builds it in its ``get_train_dataloader`` from
+    the tokenised dataset's length columns with ``num_replicas=args.world_size``, ``rank=args.process_index`` and
+    ``seed=args.seed``, uses it as the DataLoader's ``batch_sampler`` and keeps accelerate from sharding its batches
+    again; the Trainer calls ``set_epoch`` on it every epoch.
     """
 
     def __init__(
@@ -627,30 +626,25 @@ class TokenBatchSampler(BatchRebalanceSampler):
 
 @dataclass
 class TranslationDataCollator:
-    """Pad a list of tokenised pairs into ``input_ids``, ``attention_mask``, ``labels``, ``decoder_input_ids``.
+    """Pad a list of tokenised pairs into ``input_ids``, ``attention_mask`` and ``labels``.
 
     Padding is done by transformers' ``DataCollatorForSeq2Seq`` (right side; ``input_ids`` with the pad id 0,
-    ``labels`` with -100, which the loss ignores). ``decoder_input_ids`` are the labels shifted right behind
-    ``decoder_start_token_id`` (default: the tokenizer's ``<s>`` id, 1), padded with the pad id - the model's own
-    ``shift_tokens_right``. Other columns (``source_length``, text) are ignored.
+    ``labels`` with -100, which the loss ignores). The decoder inputs are the model's to make from the labels
+    (``prepare_decoder_input_ids_from_labels``: shifted right behind ``<s>``), as ``VaswaniSeq2SeqTrainer``'s loss
+    and ``forward`` do; transformers' own ``Seq2SeqTrainer`` with label smoothing keeps the labels from the model and
+    needs ``DataCollatorForSeq2Seq(tokenizer, model=model)`` instead. Other columns (``source_length``, text) are
+    ignored.
     """
 
     tokenizer: PreTrainedTokenizerBase
-    decoder_start_token_id: int | None = None
     pad_to_multiple_of: int | None = None
 
     def __post_init__(self) -> None:
-        if self.decoder_start_token_id is None:
-            self.decoder_start_token_id = self.tokenizer.bos_token_id
-        if self.decoder_start_token_id is None or self.tokenizer.pad_token_id is None:
-            raise ValueError("The collator needs a pad token and a decoder start token (the tokenizer's <s>).")
+        if self.tokenizer.pad_token_id is None:
+            raise ValueError("The collator needs a tokenizer with a pad token.")
         self._pad = DataCollatorForSeq2Seq(
             self.tokenizer, label_pad_token_id=-100, pad_to_multiple_of=self.pad_to_multiple_of, return_tensors="pt"
         )
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        batch = self._pad([{"input_ids": f["input_ids"], "labels": f["labels"]} for f in features])
-        batch["decoder_input_ids"] = shift_tokens_right(
-            batch["labels"], self.tokenizer.pad_token_id, self.decoder_start_token_id
-        )
-        return dict(batch)
+        return dict(self._pad([{"input_ids": f["input_ids"], "labels": f["labels"]} for f in features]))

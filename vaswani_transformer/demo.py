@@ -1,5 +1,7 @@
 """A demo of the model's Hugging Face life cycle: preset -> save -> AutoModelForSeq2SeqLM -> generate."""
 
+import argparse
+
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
@@ -23,3 +25,15 @@ def run_demo(preset: str, output_dir: str, vocab_size: int = 37000, seed: int = 
         f"preset {preset!r}: {parameters / 1e6:.1f}M parameters, saved to {output_dir} and reloaded as "
         f"{type(reloaded).__name__}\nsource ids {source[0].tolist()}\ngenerated ids {output[0].tolist()}"
     )
+
+
+def main(argv=None) -> None:
+    """`scripts/demo.py`: build, save, reload and generate with an untrained preset."""
+    parser = argparse.ArgumentParser(description="Build a model from a paper preset, save it, reload it with "
+                                     "AutoModelForSeq2SeqLM and generate (untrained: the ids are random).")
+    parser.add_argument("--preset", default="base", help="a paper preset (see vaswani_transformer.available_presets())")
+    parser.add_argument("--vocab_size", "--vocab-size", type=int, help="vocabulary size (default: run_demo's)")
+    parser.add_argument("--output_dir", "--output-dir", default="outputs/demo")
+    args = parser.parse_args(argv)
+    options = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
+    print(run_demo(args.preset, args.output_dir, **options))

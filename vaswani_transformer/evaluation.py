@@ -9,15 +9,18 @@ language's rules, ##AT## compound splitting for German targets, and multi-bleu.p
 - `make_compute_metrics(tokenizer, target_lang)`: `compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`.
 - `evaluate_model(model_or_path, sources, references, ...)`: translate a test set and write the JSON report
   that the model card reads (`evaluation_report` builds it from hypotheses alone).
+- `main(argv)`: the command line `vaswani-evaluate` (also `scripts/evaluate_model.py`).
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import importlib.resources
 import inspect
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,10 +28,9 @@ from typing import Any
 import evaluate
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from .data import check_parallel_text_files
+from .data import check_parallel_text_files, resolve_text_pair
 from .generation import PAPER_GENERATION_DEFAULTS
 from .metrics.paper_bleu.paper_bleu import (
     _reference_streams,
@@ -37,7 +39,8 @@ from .metrics.paper_bleu.paper_bleu import (
     split_compounds,
     tokenized_bleu,
 )
-from .tokenization import iter_text_files
+from .textio import iter_lines, write_lines
+from .translate import add_decoding_arguments, decoding_arguments, translate_lines
 
 
 PathLike = str | os.PathLike
@@ -129,18 +132,15 @@ def make_compute_metrics(tokenizer, target_lang: str = "", tokenize: str | None 
 # ----------------------------------------------------------------------------------------------- reading text
 
 
-def read_lines(path: PathLike, allow_empty: bool = False) -> list[str]:
-    """The lines of a UTF-8 text file, stripped of surrounding whitespace.
+def read_segments(path: PathLike, allow_empty: bool = False) -> list[str]:
+    """The segments of a test file: its lines (`textio`), stripped of surrounding whitespace.
 
     Invalid UTF-8 and empty lines are ValueErrors naming the file and line (a test set with an empty segment
     is malformed; dropping it would silently change the test set). `allow_empty` keeps empty lines: a system's
     translation may be empty, and scores as such.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file.")
     lines = []
-    for number, text in enumerate(iter_text_files([path]), start=1):
+    for number, text in enumerate(iter_lines(path), start=1):  # a missing file: FileNotFoundError naming it
         text = text.strip()
         if not text and not allow_empty:
             raise ValueError(f"{path}:{number}: empty line; every test segment needs text.")
@@ -153,7 +153,7 @@ def read_lines(path: PathLike, allow_empty: bool = False) -> list[str]:
 def _as_lines(value, what: str) -> tuple[list[str], str | None]:
     """(lines, file name or None) from a path or a sequence of strings."""
     if isinstance(value, (str, os.PathLike)):
-        return read_lines(value), str(value)
+        return read_segments(value), str(value)
     lines = list(value)
     for i, line in enumerate(lines):
         if not isinstance(line, str):
@@ -185,40 +185,6 @@ def _from_dataset(dataset, source_lang: str, target_lang: str) -> tuple[list[str
 
 
 # ------------------------------------------------------------------------------------------------ translating
-
-
-def generate_translate_lines(
-    model, tokenizer, lines: Sequence[str], batch_size: int = 32, **generate_kwargs
-) -> list[str]:
-    """Translate with `model.generate` (fallback when `vaswani_transformer.inference` is not available).
-
-    Decoding is the model's generation config - for this package's models the paper's (beam 4, GNMT length
-    penalty alpha 0.6, at most source length + 50 tokens, see `vaswani_transformer.generation`) - updated with
-    `generate_kwargs` (e.g. `num_beams=1`, `max_len_b=20`). Sentences are batched by length (longest first, to
-    waste little padding) and returned in the input order.
-    """
-    order = sorted(range(len(lines)), key=lambda i: len(lines[i]), reverse=True)
-    hypotheses: list[str | None] = [None] * len(lines)
-    for start in tqdm(range(0, len(order), batch_size), desc="Translating", unit="batch"):
-        indices = order[start : start + batch_size]
-        batch = tokenizer([lines[i] for i in indices], return_tensors="pt", padding=True)
-        batch = {key: batch[key].to(model.device) for key in ("input_ids", "attention_mask")}
-        with torch.no_grad():
-            output = model.generate(**batch, **generate_kwargs)
-        for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
-            hypotheses[i] = text
-    return hypotheses
-
-
-def default_translate_fn() -> Callable:
-    """`vaswani_transformer.inference.translate_lines` (paper decoding) if present, else `generate_translate_lines`."""
-    try:
-        from .inference import translate_lines
-    except ModuleNotFoundError as error:
-        if error.name != f"{__package__}.inference":
-            raise  # the inference module exists but one of its own imports is missing: do not hide that
-        return generate_translate_lines
-    return translate_lines
 
 
 _GENERATION_FIELDS = (*PAPER_GENERATION_DEFAULTS, "max_length", "max_new_tokens", "do_sample", "num_return_sequences")
@@ -316,7 +282,7 @@ def evaluate_model(
     sources, references: files (one segment per line, UTF-8) or lists of strings, aligned line by line; or
         give `dataset`, a `datasets.Dataset` with a `translation` column, plus `source_lang`/`target_lang`.
     translate_fn: `translate_fn(model, tokenizer, lines, **decoding) -> list[str]`; default
-        `default_translate_fn()` (the paper's decoding from `vaswani_transformer.inference` when present).
+        `vaswani_transformer.translate.translate_lines` (the model's generation config: the paper's decoding).
     hypotheses_file: where to write the translations, one per line.
     device: move the model there first (default: leave it where it is).
     """
@@ -354,15 +320,13 @@ def evaluate_model(
         model.to(device)
     model.eval()
 
-    translate_fn = translate_fn or default_translate_fn()
+    translate_fn = translate_fn or translate_lines
     with torch.inference_mode():
         hypotheses = list(translate_fn(model, tokenizer, sources, **(decoding or {})))
     if len(hypotheses) != len(sources):
         raise RuntimeError(f"translate_fn returned {len(hypotheses)} translations for {len(sources)} sources.")
     if hypotheses_file is not None:
-        hypotheses_file = Path(hypotheses_file)
-        hypotheses_file.parent.mkdir(parents=True, exist_ok=True)
-        hypotheses_file.write_text("".join(h.replace("\n", " ") + "\n" for h in hypotheses), encoding="utf-8")
+        write_lines(hypotheses, hypotheses_file)
 
     extra = {"source_file": source_name, "reference_file": reference_name}
     if hypotheses_file is not None:
@@ -380,19 +344,122 @@ def evaluate_model(
     )
 
 
+# ------------------------------------------------------------------------------------------------ command line
+
+CLI_DESCRIPTION = """Translate a test set and report sacreBLEU (with signature), chrF and the paper's tokenized BLEU as JSON.
+
+    %(prog)s --model_name_or_path runs/base/averaged \\
+        --test_file ../shared/data/multi30k/test_2016_flickr --source_lang en --target_lang de \\
+        --output_json runs/base/averaged/eval_results.json --hypotheses_file runs/base/averaged/test.hyp.de
+
+    # Score existing translations without a model:
+    %(prog)s --hypotheses test.hyp.de --reference test.de --target_lang de --output_json r.json
+
+Decoding defaults are the model's generation config (the paper's: beam 4, length penalty 0.6, at most input
+length + 50 tokens); --num_beams, --length_penalty, --max_len_a, --max_len_b and --decoding KEY=VALUE override them.
+Options are spelled as transformers' run_translation.py spells them; the first spelling shown is the canonical one,
+the others (dashes, --test-prefix, --model) are accepted aliases. The JSON fields are described in
+`vaswani_transformer.evaluation.evaluation_report`; how the tokenized BLEU relates to the paper's `get_ende_bleu.sh`
+is documented in `vaswani_transformer/metrics/paper_bleu/paper_bleu.py`.
+"""
+
+
+def _decoding_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model_name_or_path", "--model", help="Model folder (with its tokenizer) to translate with.")
+    what.add_argument("--hypotheses", help="Score this file of translations instead of translating.")
+    parser.add_argument("--source", help="Source file, one segment per line.")
+    parser.add_argument("--reference", help="Reference file, aligned with --source line by line.")
+    parser.add_argument("--test_file", "--test-prefix", "--test_prefix",
+                        help="PREFIX for PREFIX.<source_lang> + PREFIX.<target_lang>.")  # fmt: skip
+    parser.add_argument("--source_lang", "--source-lang", default="", help="Source language code (e.g. en).")
+    parser.add_argument("--target_lang", "--target-lang", default="", help="Target language code (e.g. de).")
+    parser.add_argument("--output_json", "--output-json", help="Where to write the results JSON.")
+    parser.add_argument("--hypotheses_file", "--hypotheses-file", help="Where to write the translations.")
+    parser.add_argument("--tokenize", help="sacreBLEU tokenizer (default: sacreBLEU's choice for --target_lang).")
+    add_decoding_arguments(parser)
+    parser.add_argument(
+        "--decoding", action="append", default=[], metavar="KEY=VALUE",
+        help="Extra keyword for the translate function (VALUE parsed as JSON when possible); repeatable.",
+    )  # fmt: skip
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available, else cpu).")
+    args = parser.parse_args(argv)
+
+    if args.test_file:
+        if args.source or args.reference:
+            parser.error("give --test_file or --source/--reference, not both.")
+        if not (args.source_lang and args.target_lang):
+            parser.error("--test_file needs --source_lang and --target_lang.")
+        pair = resolve_text_pair(args.test_file, args.source_lang, args.target_lang)
+        if pair is None:
+            parser.error(
+                f"--test_file: {args.test_file}.{args.source_lang} and {args.test_file}.{args.target_lang} "
+                "do not both exist."
+            )
+        args.source, args.reference = pair
+    if args.reference is None:
+        parser.error("--reference (or --test_file) is required.")
+    if args.model_name_or_path and args.source is None:
+        parser.error("--model_name_or_path needs --source (or --test_file).")
+    decoding = {}
+    for item in args.decoding:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--decoding expects KEY=VALUE, got {item!r}.")
+        decoding[key] = _decoding_value(value)
+    args.decoding = {**decoding, **decoding_arguments(args)}
+    return args
+
+
+def main(argv=None) -> int:
+    """`vaswani-evaluate` / `scripts/evaluate_model.py`: prints the report; exit status 1 with an error line for
+    bad input."""
+    args = parse_args(argv)
+    try:
+        if args.hypotheses:
+            check_parallel_text_files(args.hypotheses, args.reference)  # error naming both files and counts
+            hypotheses, references = read_segments(args.hypotheses, allow_empty=True), read_segments(args.reference)
+            report = evaluation_report(
+                hypotheses, references, source_lang=args.source_lang, target_lang=args.target_lang,
+                tokenize=args.tokenize, output_json=args.output_json, hypotheses_file=args.hypotheses,
+                reference_file=args.reference,
+            )  # fmt: skip
+        else:
+            device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            report = evaluate_model(
+                args.model_name_or_path, args.source, args.reference, source_lang=args.source_lang,
+                target_lang=args.target_lang, decoding=args.decoding, tokenize=args.tokenize,
+                output_json=args.output_json, hypotheses_file=args.hypotheses_file, device=device,
+            )  # fmt: skip
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2, ensure_ascii=False))
+    return 0
+
+
 __all__ = [
     "compute_translation_metrics",
     "decoding_settings",
-    "default_translate_fn",
     "evaluate_model",
     "evaluation_report",
-    "generate_translate_lines",
     "load_paper_bleu",
+    "main",
     "make_compute_metrics",
     "moses_tokenize",
     "multi_bleu",
     "paper_bleu_path",
-    "read_lines",
+    "read_segments",
     "split_compounds",
     "tokenized_bleu",
 ]

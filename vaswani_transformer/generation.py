@@ -35,8 +35,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
 
-# The paper's decoding (Section 6.1). The names of the custom fields are those of the CLI (--beam --alpha
-# --max-len-a --max-len-b) and of fairseq's `max_len_a * source length + max_len_b` rule.
+# The paper's decoding (Section 6.1). max_len_a/max_len_b are fairseq's `max_len_a * source length + max_len_b` rule.
 PAPER_GENERATION_DEFAULTS = {
     "num_beams": 4,
     "length_penalty": 0.6,

@@ -1,4 +1,4 @@
-"""Hub repositories for our models: export folder, model card, validation in a clean Python, upload.
+"""Hub repositories for our models: export folder, validation in a clean Python, upload (the card: `card.py`).
 
 A repository built here holds everything `pipeline("translation", model=repo, trust_remote_code=True)` needs where
 only transformers is installed:
@@ -10,8 +10,7 @@ only transformers is installed:
 - the tokenizer files;
 - `generation_config.json` with the paper's decoding (beam 4, GNMT length penalty alpha 0.6, `max_len_a=1`,
   `max_len_b=50`: source length + 50);
-- `README.md`, the model card rendered from `vaswani_transformer/model_cards/vaswani_transformer.md` (package data)
-  with huggingface_hub's `ModelCard`.
+- `README.md`, the model card (`vaswani_transformer.card.render_model_card`).
 
 Functions:
 
@@ -23,10 +22,12 @@ Functions:
   with `trust_remote_code=True`, and checks that the pipeline translates a sentence exactly like `generate` + decode.
 - `push_repository(folder, repo_id, ...)`: validates, then creates the repo and uploads the folder; refuses to upload
   a folder that fails validation. The token comes from the usual login or environment and is never printed.
+- `main(argv)`: the command line `vaswani-push` (also `scripts/push_to_hub.py`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -35,75 +36,41 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import HfApi, ModelCard
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from .generation import PAPER_GENERATION_DEFAULTS
+from .card import (
+    EXAMPLE_SENTENCE,
+    as_reports,
+    read_json,
+    render_model_card,
+    trainer_metric_reports,
+    training_info_from_run,
+    training_info_from_trainer,
+)
+from .configuration_vaswani_transformer import VaswaniTransformerConfig
+from .generation import PAPER_GENERATION_DEFAULTS, VaswaniGenerationConfig
+from .pipeline import model_language_pair
+from .translate import check_model_folder
 
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-PACKAGE_DIR = Path(__file__).resolve().parent
-PIPELINE_SOURCE = PACKAGE_DIR / "pipeline.py"
+PIPELINE_SOURCE = Path(__file__).resolve().parent / "pipeline.py"
 PIPELINE_FILE = "pipeline.py"
 PIPELINE_CLASS = "TranslationPipeline"
 CODE_FILES = ("configuration_vaswani_transformer.py", "modeling_vaswani_transformer.py", "generation.py")
-# The card template ships inside the package (package data), so installed wheels have it; or pass `template_path`.
-TEMPLATE_NAME = "vaswani_transformer.md"
-DEFAULT_TEMPLATE = PACKAGE_DIR / "model_cards" / TEMPLATE_NAME
-DEFAULT_VALIDATION_SENTENCE = "A man is riding a bicycle down the street."
-
-# Fields of the training run shown in the card, in this order (whatever is present), with their labels.
-TRAINING_FIELDS = {
-    "preset": "preset",
-    "updates": "updates (optimizer steps)",
-    "max_steps": "max_steps",
-    "num_train_epochs": "epochs",
-    "max_tokens_per_batch": "tokens per batch per process (each side)",
-    "tokens_per_update": "tokens per update",
-    "gradient_accumulation_steps": "gradient accumulation",
-    "num_processes": "processes",
-    "optimizer": "optimizer",
-    "adam_beta1": "Adam beta1",
-    "adam_beta2": "Adam beta2",
-    "adam_epsilon": "Adam epsilon",
-    "lr_schedule": "learning-rate schedule",
-    "lr_factor": "schedule factor",
-    "learning_rate": "learning rate",
-    "warmup_steps": "warmup steps",
-    "label_smoothing_factor": "label smoothing",
-    "weight_decay": "weight decay",
-    "max_grad_norm": "gradient clipping",
-    "dropout": "dropout (P_drop)",
-    "average_last_checkpoints": "checkpoints averaged",
-    "source_tokens_seen": "source tokens seen",
-    "target_tokens_seen": "target tokens seen",
-    "wall_time_seconds": "wall time (s)",
-    "bf16": "bf16",
-    "fp16": "fp16",
-    "seed": "seed",
-}
+DEFAULT_COMMIT_MESSAGE = "Upload Transformer (Vaswani et al., 2017) translation model"
 
 
 class RepositoryValidationError(RuntimeError):
     """The folder does not load or translate in a clean Python with only transformers (see `validate_repository`)."""
-
-
-# ------------------------------------------------------------------------------------------------- helpers
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path} does not exist.") from None
-    except ValueError as error:
-        raise ValueError(f"{path}: not valid JSON ({error}).") from None
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -119,251 +86,6 @@ def custom_pipelines_entry(source_lang: str | None = None, target_lang: str | No
     return tasks
 
 
-def count_parameters(folder: PathLike) -> int:
-    """Number of parameters stored in the folder's safetensors files (tied matrices are stored, and counted, once)."""
-    from safetensors import safe_open
-
-    folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no .safetensors weights.")
-    total = 0
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                numel = 1
-                for size in f.get_slice(name).get_shape():
-                    numel *= size
-                total += numel
-    return total
-
-
-_ARCHITECTURE_FIELDS = ("d_model", "encoder_layers", "decoder_layers", "num_heads", "d_ff", "head_dim_k", "head_dim_v",
-                        "dropout", "position_encoding", "share_embeddings", "scale_embedding")  # fmt: skip
-
-
-def detect_preset(config) -> str:
-    """The first paper preset (`base`, `big`, Table 3 rows) whose architecture equals `config`'s, else "custom"."""
-    from .configuration_vaswani_transformer import PRESETS, VaswaniTransformerConfig
-
-    for name in PRESETS:
-        preset = VaswaniTransformerConfig.from_preset(name)
-        if all(getattr(preset, f) == getattr(config, f) for f in _ARCHITECTURE_FIELDS):
-            return name
-    return "custom"
-
-
-def _format_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-# --------------------------------------------------------------------------------------- training / results
-
-
-def training_info_from_run(run_dir: PathLike) -> dict[str, Any]:
-    """What a training run recorded: `training_summary.json` (updates, tokens seen, wall time, processes) and
-    `trainer_state.json` (global step), plus `training_args.json` (any recipe fields) when present. Missing files
-    are skipped; an empty dict means nothing was recorded."""
-    run_dir = Path(run_dir)
-    info: dict[str, Any] = {}
-    args_file = run_dir / "training_args.json"
-    if args_file.is_file():
-        info.update({k: v for k, v in _read_json(args_file).items() if k in TRAINING_FIELDS})
-    state_file = run_dir / "trainer_state.json"
-    if state_file.is_file():
-        state = _read_json(state_file)
-        if state.get("global_step"):
-            info["updates"] = state["global_step"]
-    summary_file = run_dir / "training_summary.json"
-    if summary_file.is_file():
-        summary = _read_json(summary_file).get("summary") or {}
-        info.update({k: v for k, v in summary.items() if k in TRAINING_FIELDS and v is not None})
-    return info
-
-
-def training_info_from_trainer(trainer) -> dict[str, Any]:
-    """The recipe of a `Seq2SeqTrainer` run: its arguments (optimizer, schedule, smoothing, steps, precision) and
-    state, plus `max_tokens_per_batch` when the trainer batches by tokens. Collective-free (rank 0 calls it)."""
-    args = trainer.args.to_dict()
-    info = {k: args[k] for k in TRAINING_FIELDS if k in args and args[k] not in (None, "")}
-    if info.get("max_steps", 0) and info["max_steps"] > 0:
-        info.pop("num_train_epochs", None)
-    elif "max_steps" in info:
-        info.pop("max_steps")
-    if info.get("lr_schedule") == "paper":
-        info.pop("learning_rate", None)  # ignored by the paper schedule
-    info["optimizer"] = str(args.get("optim", "adamw_torch"))
-    if getattr(trainer, "max_tokens_per_batch", None):
-        info["max_tokens_per_batch"] = trainer.max_tokens_per_batch
-    info["num_processes"] = trainer.args.world_size
-    if trainer.state is not None and trainer.state.global_step:
-        info["updates"] = trainer.state.global_step
-    return info
-
-
-def _as_reports(eval_results) -> list[dict]:
-    """Evaluation reports (`vaswani_transformer.evaluation.evaluation_report` dicts) from dicts or JSON paths."""
-    if eval_results is None:
-        return []
-    if isinstance(eval_results, (str, os.PathLike, Mapping)):
-        eval_results = [eval_results]
-    reports = []
-    for item in eval_results:
-        report = _read_json(Path(item)) if isinstance(item, (str, os.PathLike)) else dict(item)
-        where = item if isinstance(item, (str, os.PathLike)) else "an evaluation result"
-        if not any(report.get(k) is not None for k in ("sacrebleu", "tokenized_bleu", "chrf")):
-            raise ValueError(f"{where}: no 'sacrebleu', 'tokenized_bleu' or 'chrf' score (an evaluation report is "
-                             "written by scripts/evaluate.py).")
-        reports.append(report)
-    return reports
-
-
-def _dataset_of(report: dict) -> dict[str, str | None]:
-    dataset = report.get("dataset")
-    if isinstance(dataset, Mapping):
-        name = dataset.get("name") or dataset.get("type")
-        return {"type": dataset.get("type") or name, "name": name, "split": dataset.get("split")}
-    if isinstance(dataset, str):
-        return {"type": dataset, "name": dataset, "split": report.get("split")}
-    source = report.get("source_file")
-    name = Path(source).name if source else "test set"
-    return {"type": Path(source).stem if source else "custom", "name": name, "split": report.get("split") or "test"}
-
-
-_METRICS = (  # report key, signature key, model-index type, display name
-    ("sacrebleu", "sacrebleu_signature", "bleu", "sacreBLEU"),
-    ("tokenized_bleu", "tokenized_bleu_signature", "bleu", "tokenized BLEU"),
-    ("chrf", "chrf_signature", "chrf", "chrF"),
-)
-
-
-def eval_results_for_card(reports: Sequence[dict], source_lang: str | None, target_lang: str | None):
-    """(model-index `EvalResult`s, rows for the card's table, decoding text) from evaluation reports."""
-    task_name = f"Translation {source_lang}-{target_lang}" if source_lang and target_lang else "Translation"
-    results, rows, decodings = [], [], []
-    for report in reports:
-        dataset = _dataset_of(report)
-        for key, signature_key, metric_type, metric_name in _METRICS:
-            value = report.get(key)
-            if value is None:
-                continue
-            signature = report.get(signature_key)
-            results.append(EvalResult(
-                task_type="translation", task_name=task_name, dataset_type=dataset["type"],
-                dataset_name=dataset["name"], dataset_split=dataset["split"], metric_type=metric_type,
-                metric_name=metric_name, metric_value=round(float(value), 2), metric_config=signature,
-                verified=False,
-            ))  # fmt: skip
-            rows.append(
-                {"dataset": dataset["name"], "metric": metric_name, "value": float(value), "signature": signature}
-            )
-        decoding = report.get("decoding") or {}
-        fields = decoding.get("generation_config", decoding) if isinstance(decoding, Mapping) else {}
-        shown = {k: fields[k] for k in PAPER_GENERATION_DEFAULTS if k != "early_stopping" and k in fields}
-        if isinstance(decoding, Mapping):
-            explicit = ("num_beams", "length_penalty", "max_len_a", "max_len_b")
-            shown.update({k: decoding[k] for k in explicit if k in decoding})
-        if shown:
-            decodings.append(", ".join(f"{k}={_format_value(v)}" for k, v in shown.items()))
-    decoding_text = "; ".join(dict.fromkeys(decodings)) if decodings else None
-    return results, rows, decoding_text
-
-
-# ----------------------------------------------------------------------------------------------- the card
-
-
-def _language_name(code: str | None) -> str:
-    names = {"en": "English", "de": "German", "fr": "French", "cs": "Czech", "ro": "Romanian", "ru": "Russian",
-             "es": "Spanish", "it": "Italian", "nl": "Dutch", "zh": "Chinese", "ja": "Japanese"}  # fmt: skip
-    if not code:
-        return "?"
-    return f"{names[code]} ({code})" if code in names else code
-
-
-def render_model_card(
-    folder: PathLike,
-    *,
-    training_info: Mapping[str, Any] | None = None,
-    eval_results=None,
-    source_lang: str | None = None,
-    target_lang: str | None = None,
-    license: str = "apache-2.0",
-    datasets: Sequence[str] | str | None = None,
-    model_name: str | None = None,
-    repo_id: str | None = None,
-    tags: Sequence[str] | None = None,
-    example: str | None = None,
-    template_path: PathLike | None = None,
-) -> ModelCard:
-    """The model card of the saved model in `folder` (reads its config, generation config and weights)."""
-    from .configuration_vaswani_transformer import VaswaniTransformerConfig
-
-    folder = Path(folder)
-    config = VaswaniTransformerConfig.from_pretrained(folder)
-    reports = _as_reports(eval_results)
-    for report in reports:  # languages recorded by the evaluation when not given
-        source_lang = source_lang or report.get("source_lang") or None
-        target_lang = target_lang or report.get("target_lang") or None
-    generation = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
-    results, rows, decoding_text = eval_results_for_card(reports, source_lang, target_lang)
-    datasets = [datasets] if isinstance(datasets, str) else list(datasets or [])
-    preset = detect_preset(config)
-    parameters = count_parameters(folder)
-    name = model_name or (repo_id.split("/")[-1] if repo_id else None) or (
-        f"transformer-{preset}-{source_lang}-{target_lang}" if source_lang and target_lang else f"transformer-{preset}"
-    )
-    card_data = ModelCardData(
-        language=[lang for lang in (source_lang, target_lang) if lang] or None,
-        license=license,
-        library_name="transformers",
-        pipeline_tag="translation",
-        tags=list(dict.fromkeys(["translation", "vaswani_transformer", "transformer", "custom_code", *(tags or [])])),
-        datasets=datasets or None,
-        metrics=sorted({r.metric_type for r in results}) or None,
-        model_name=name,
-        eval_results=results or None,
-    )
-    training = dict(training_info or {})
-    training.setdefault("preset", preset)
-    training.setdefault("dropout", config.dropout)
-    training_rows = [(label, _format_value(training[key])) for key, label in TRAINING_FIELDS.items() if key in training]
-    training_rows += [(key, _format_value(v)) for key, v in training.items() if key not in TRAINING_FIELDS]
-    generation_rows = [(k, _format_value(generation[k])) for k in PAPER_GENERATION_DEFAULTS if k in generation]
-    preset_note = {"base": "the paper's base model", "big": "the paper's big model"}.get(
-        preset, "Table 3 variant" if preset != "custom" else "not a paper preset"
-    )
-    template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
-    if not template.is_file():
-        raise FileNotFoundError(
-            f"Model card template {template} not found; reinstall vaswani-transformer (its package data includes "
-            "model_cards/*.md) or pass template_path=..."
-        )
-    return ModelCard.from_template(
-        card_data,
-        template_path=str(template),
-        model_name=name,
-        repo_id=repo_id or name,
-        source_language=_language_name(source_lang),
-        target_language=_language_name(target_lang),
-        source_language_code=source_lang or "src",
-        target_language_code=target_lang or "tgt",
-        preset=preset,
-        preset_note=preset_note,
-        config=config,
-        parameters=parameters,
-        parameters_text=f"{parameters:,} ({parameters / 1e6:.1f}M)",
-        license=license,
-        datasets=datasets,
-        results=rows,
-        results_decoding=decoding_text,
-        training=training_rows,
-        generation=generation_rows,
-        example=(example or DEFAULT_VALIDATION_SENTENCE).replace('"', '\\"'),
-    )
-
-
 # ------------------------------------------------------------------------------------------ the repository
 
 
@@ -374,12 +96,7 @@ def write_repository_extras(
     *,
     source_lang: str | None = None,
     target_lang: str | None = None,
-    license: str = "apache-2.0",
-    datasets: Sequence[str] | str | None = None,
-    model_name: str | None = None,
-    repo_id: str | None = None,
-    tags: Sequence[str] | None = None,
-    template_path: PathLike | None = None,
+    **card_options,
 ) -> ModelCard:
     """Complete a folder written by `model.save_pretrained` (+ tokenizer) into a Hub repository; returns the card.
 
@@ -387,15 +104,13 @@ def write_repository_extras(
     "translation_XX_to_YY"); writes `generation_config.json` with the paper's decoding if the folder has none (an
     existing one is kept, only missing paper fields are added); renders `README.md` (see `render_model_card`).
     `training_info`: a dict of recipe fields (`training_info_from_run`/`training_info_from_trainer`);
-    `eval_results`: evaluation reports (dicts or paths of the JSON `scripts/evaluate.py` writes).
+    `eval_results`: evaluation reports (dicts or paths of the JSON `vaswani-evaluate` writes); `card_options`: the
+    other keywords of `render_model_card` (license, datasets, model_name, repo_id, tags, example, template_path).
     Raises FileNotFoundError naming what the folder lacks (config, weights, the code files of `save_pretrained`).
     """
-    from .generation import VaswaniGenerationConfig
-    from .configuration_vaswani_transformer import VaswaniTransformerConfig
-
     folder = Path(folder)
     config_path = folder / "config.json"
-    config_dict = _read_json(config_path)
+    config_dict = read_json(config_path)
     missing = [name for name in CODE_FILES if not (folder / name).is_file()]
     if not config_dict.get("auto_map"):
         missing.append("the 'auto_map' entry of config.json")
@@ -404,10 +119,8 @@ def write_repository_extras(
             f"{folder} lacks {', '.join(missing)}: save the model with `vaswani_transformer` imported (it registers "
             "the classes for remote code) or use export_repository."
         )
-    reports = _as_reports(eval_results)
+    reports = as_reports(eval_results)
     if not (source_lang and target_lang):
-        from .pipeline import model_language_pair
-
         recorded = model_language_pair(SimpleNamespace(custom_pipelines=config_dict.get("custom_pipelines")))
         for pair in ([recorded] if recorded else []) + [(r.get("source_lang"), r.get("target_lang")) for r in reports]:
             source_lang, target_lang = source_lang or pair[0] or None, target_lang or pair[1] or None
@@ -418,7 +131,7 @@ def write_repository_extras(
 
     generation_path = folder / "generation_config.json"
     if generation_path.is_file():
-        generation = _read_json(generation_path)
+        generation = read_json(generation_path)
         added = {k: v for k, v in PAPER_GENERATION_DEFAULTS.items() if k not in generation}
         if added:
             generation.update(added)
@@ -430,41 +143,17 @@ def write_repository_extras(
 
     card = render_model_card(
         folder, training_info=training_info, eval_results=reports, source_lang=source_lang, target_lang=target_lang,
-        license=license, datasets=datasets, model_name=model_name, repo_id=repo_id, tags=tags,
-        template_path=template_path,
+        **card_options,
     )
     card.save(folder / "README.md")
     return card
-
-
-def trainer_metric_reports(output_dir: PathLike, trainer=None) -> list[dict]:
-    """Evaluation reports from a Trainer run's own metrics: `test_results.json` / `eval_results.json` (written by
-    `trainer.save_metrics`), else the last `test_bleu` / `eval_bleu` entry of `trainer.state.log_history`. The keys
-    are those of `evaluation.make_compute_metrics` (`<prefix>_bleu` = sacreBLEU, `_chrf`, `_tokenized_bleu`); the
-    signatures are not recorded there, so the card shows none."""
-    reports = []
-    history = list(getattr(getattr(trainer, "state", None), "log_history", None) or [])
-    for prefix, split in (("test", "test"), ("eval", "validation")):
-        path = Path(output_dir) / f"{prefix}_results.json"
-        metrics = _read_json(path) if path.is_file() else next(
-            (entry for entry in reversed(history) if entry.get(f"{prefix}_bleu") is not None), {}
-        )
-        if metrics.get(f"{prefix}_bleu") is None:
-            continue
-        reports.append({
-            "sacrebleu": metrics[f"{prefix}_bleu"],
-            "chrf": metrics.get(f"{prefix}_chrf"),
-            "tokenized_bleu": metrics.get(f"{prefix}_tokenized_bleu"),
-            "dataset": {"name": f"{split} split", "type": "custom", "split": split},
-        })  # fmt: skip
-    return reports
 
 
 def write_model_card(output_dir: PathLike, trainer=None, **kwargs) -> ModelCard | None:
     """`Seq2SeqTrainer.create_model_card` for our runs: `write_repository_extras` on the trainer's output folder.
 
     Reads the recipe from `trainer` (`training_info_from_trainer`) and the run folder; evaluation reports from
-    `eval_results=` (evaluation JSONs of scripts/evaluate.py, or dicts) or else the run's own metrics
+    `eval_results=` (evaluation JSONs of vaswani-evaluate, or dicts) or else the run's own metrics
     (`trainer_metric_reports`). Accepts `create_model_card`'s keywords: `language` (a
     [source, target] pair), `license`, `tags`, `model_name`, `dataset`/`dataset_tags`; also `source_lang`,
     `target_lang`. Does nothing on processes other than the main one (like the Trainer's own card).
@@ -508,10 +197,6 @@ def export_repository(
     to `output_dir`: weights (safetensors), config with `auto_map` and `custom_pipelines`, code files, tokenizer,
     generation config, model card. `card_options` go to `write_repository_extras` (source_lang, target_lang, license,
     datasets, model_name, repo_id, tags, template_path). A non-empty `output_dir` is refused unless `overwrite`."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    from .inference import check_model_folder
-
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()):
         if not overwrite:
@@ -601,7 +286,7 @@ _VALIDATION_CODE = HIDE_PACKAGE_CODE + textwrap.dedent(
 _RESULT_PREFIX = "VASWANI_VALIDATION_RESULT "
 
 
-def validate_repository(folder: PathLike, sentence: str = DEFAULT_VALIDATION_SENTENCE, timeout: float = 600) -> dict:
+def validate_repository(folder: PathLike, sentence: str = EXAMPLE_SENTENCE, timeout: float = 600) -> dict:
     """Load `folder` in a fresh Python where `vaswani_transformer` cannot be imported (`trust_remote_code=True`,
     offline) and translate `sentence` through `pipeline("translation")` and `generate`; they must agree.
 
@@ -637,9 +322,9 @@ def push_repository(
     *,
     private: bool = False,
     revision: str | None = None,
-    commit_message: str = "Upload Transformer (Vaswani et al., 2017) translation model",
+    commit_message: str = DEFAULT_COMMIT_MESSAGE,
     token: str | bool | None = None,
-    validation_sentence: str = DEFAULT_VALIDATION_SENTENCE,
+    validation_sentence: str = EXAMPLE_SENTENCE,
     api=None,
 ) -> str:
     """Validate `folder` (`validate_repository`; nothing is uploaded if that fails), create `repo_id` if needed
@@ -647,8 +332,6 @@ def push_repository(
 
     `token`: None uses the usual login (`hf auth login`) or `HF_TOKEN`; it is never printed or logged.
     `api`: a `huggingface_hub.HfApi` (default: a new one)."""
-    from huggingface_hub import HfApi
-
     report = validate_repository(folder, validation_sentence)
     logger.info("Validated %s in a clean Python: %r -> %r", folder, validation_sentence, report["translation"])
     api = api if api is not None else HfApi()
@@ -663,18 +346,99 @@ def push_repository(
     return str(getattr(commit, "commit_url", commit))
 
 
+# ------------------------------------------------------------------------------------------------ command line
+
+CLI_DESCRIPTION = """Build the Hub repository of a trained model (weights, code, tokenizer, generation config, model card) and upload it.
+
+Dry run (writes the folder, uploads nothing):
+
+    %(prog)s --model_name_or_path outputs/run/averaged --source_lang en --target_lang de \\
+        --eval_results outputs/run/eval_test.json --dataset bentrevett/multi30k --output_dir outputs/hub-en-de
+
+Upload (token from `hf auth login` or HF_TOKEN; never printed):
+
+    %(prog)s --model_name_or_path outputs/run/averaged --repo_id me/transformer-base-en-de --private
+
+Before any upload the folder is loaded in a fresh Python where `vaswani_transformer` cannot be imported
+(`trust_remote_code=True`) and must translate a sentence; otherwise nothing is uploaded. Options are spelled as
+transformers' scripts spell them; the first spelling shown is the canonical one, the dashed spellings and --model
+are accepted aliases. See `vaswani_transformer.hub`.
+"""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model_name_or_path", "--model", required=True,
+                        help="Saved model folder (with its tokenizer).")  # fmt: skip
+    parser.add_argument("--output_dir", "--output-dir",
+                        help="Dry run: write the repository folder here, upload nothing.")  # fmt: skip
+    parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
+    parser.add_argument("--repo_id", "--repo-id",
+                        help="Hub repository, owner/name: uploads there (with --output_dir it only names the card).")
+    parser.add_argument("--private", action="store_true", help="Create the repository private.")
+    parser.add_argument("--revision", help="Branch to upload to (created if needed).")
+    parser.add_argument("--commit_message", "--commit-message", help=f"Default: {DEFAULT_COMMIT_MESSAGE!r}.")
+    parser.add_argument("--source_lang", "--source-lang", help="Source language code, e.g. en.")
+    parser.add_argument("--target_lang", "--target-lang", help="Target language code, e.g. de.")
+    parser.add_argument("--license", help="The card's license (default: apache-2.0).")
+    parser.add_argument("--dataset", action="append", default=[], help="Training dataset (Hub id or name); repeat.")
+    parser.add_argument("--eval_results", "--eval-results", action="append", default=[],
+                        help="Evaluation JSON written by vaswani-evaluate; repeat for several test sets.")
+    parser.add_argument("--training_run", "--training-run",
+                        help="Training output folder to read the recipe from (default: the model folder, then its "
+                        "parent).")  # fmt: skip
+    parser.add_argument("--model_name", "--model-name", help="Title of the model card (default: from the repo id).")
+    parser.add_argument("--validation_sentence", "--validation-sentence", help=f"Default: {EXAMPLE_SENTENCE!r}.")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    """`vaswani-push` / `scripts/push_to_hub.py`: exit status 0; 1 with an error line; 2 without a destination."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.output_dir is None and args.repo_id is None:
+        print("error: give --output_dir (dry run) or --repo_id (upload).", file=sys.stderr)
+        return 2
+    card_options = dict(source_lang=args.source_lang, target_lang=args.target_lang, datasets=args.dataset or None,
+                        model_name=args.model_name, repo_id=args.repo_id)  # fmt: skip
+    if args.license is not None:
+        card_options["license"] = args.license
+    sentence = {} if args.validation_sentence is None else {"sentence": args.validation_sentence}
+    training_info = training_info_from_run(args.training_run) if args.training_run else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="vaswani-hub-") as scratch:
+            folder = export_repository(
+                args.model_name_or_path, args.output_dir or scratch, training_info=training_info,
+                eval_results=args.eval_results or None, overwrite=args.overwrite, **card_options,
+            )  # fmt: skip
+            if args.output_dir is not None:  # dry run (the repo id, if given, only names the card)
+                report = validate_repository(folder, **sentence)
+                print(f"Wrote {folder}; it translates in a clean Python: {json.dumps(report, ensure_ascii=False)}")
+                return 0
+            options = {} if args.commit_message is None else {"commit_message": args.commit_message}
+            if args.validation_sentence is not None:
+                options["validation_sentence"] = args.validation_sentence
+            url = push_repository(folder, args.repo_id, private=args.private, revision=args.revision, **options)
+            print(f"Uploaded {folder} to {url}")
+    except RepositoryValidationError as error:
+        print(f"error: refusing to upload: {error}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, FileExistsError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 __all__ = [
+    "CODE_FILES",
+    "HIDE_PACKAGE_CODE",
     "RepositoryValidationError",
-    "count_parameters",
     "custom_pipelines_entry",
-    "detect_preset",
-    "eval_results_for_card",
     "export_repository",
+    "main",
     "push_repository",
-    "trainer_metric_reports",
-    "render_model_card",
-    "training_info_from_run",
-    "training_info_from_trainer",
     "validate_repository",
     "write_model_card",
     "write_repository_extras",

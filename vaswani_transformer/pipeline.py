@@ -28,7 +28,9 @@ import re
 import sys
 
 import torch
-from transformers import Pipeline
+import transformers.pipelines as pipelines_module
+from transformers import AutoModelForSeq2SeqLM, Pipeline
+from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.utils import logging
 
 from .generation import CUSTOM_GENERATION_FIELDS
@@ -259,9 +261,6 @@ def _is_vaswani_model(model, config) -> bool:
 
 def _registered_task(task: str) -> str:
     """The registry task of our pipeline for "translation" or "translation_XX_to_YY" (registered on first use)."""
-    from transformers import AutoModelForSeq2SeqLM
-    from transformers.pipelines import PIPELINE_REGISTRY
-
     name = f"{TASK_PREFIX}{task}"
     if name not in PIPELINE_REGISTRY.supported_tasks:
         PIPELINE_REGISTRY.register_pipeline(
@@ -305,8 +304,6 @@ def register_translation_pipeline() -> None:
     or a training run's output folder) is resolved by transformers before this check: it runs the folder's own
     `pipeline.py` and asks for `trust_remote_code=True`, with or without this package.
     """
-    import transformers.pipelines as pipelines_module
-
     _registered_task("translation")
     current = pipelines_module._resolve_deprecated_task
     if getattr(current, "__vaswani_wrapped__", None) is None:

@@ -25,14 +25,19 @@ Scheme (the same for ``bpe`` and ``wordpiece``):
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import sys
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
+
+from .data import iter_parallel_texts, load_parallel_dataset
+from .textio import count_lines, iter_text_files
 
 logger = logging.getLogger(__name__)
 
@@ -139,29 +144,6 @@ def wrap_tokenizer(tokenizer: Tokenizer, model_max_length: int = DEFAULT_MODEL_M
         model_max_length=model_max_length,
         padding_side="right",
     )
-
-
-def count_lines(path: str | os.PathLike) -> int:
-    """Number of lines of a text file (a final line without newline counts), read in binary chunks."""
-    n, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            n += chunk.count(b"\n")
-            last = chunk[-1:]
-    return n + (last != b"\n")
-
-
-def iter_text_files(paths: Sequence[str | os.PathLike]) -> Iterator[str]:
-    """Yield the lines of plain UTF-8 text files one by one (no newline); invalid UTF-8 names file and line."""
-    for path in paths:
-        with open(path, "rb") as f:
-            for line_number, raw in enumerate(f, start=1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    message = f"{path}:{line_number}: invalid UTF-8 ({err.reason} at byte {err.start})."
-                    raise ValueError(message) from None
-                yield line.rstrip("\r\n")
 
 
 def train_tokenizer(
@@ -285,3 +267,73 @@ def check_tokenizer_matches_config(tokenizer: PreTrainedTokenizerFast, config: A
         problems.append(f"tokenizer does not append eos ({tokenizer.eos_token!r}) to encoded text: {probe}")
     if problems:
         raise ValueError("Tokenizer and model config disagree: " + "; ".join(problems) + ".")
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+CLI_DESCRIPTION = """Train one shared source+target vocabulary (BPE by default, word-pieces as an option) and save it.
+
+Plain text files (one sentence per line, both languages):
+
+    %(prog)s --files ../shared/data/multi30k/train.en ../shared/data/multi30k/train.de \\
+        --vocab_size 37000 --model bpe --output_dir outputs/tokenizer
+
+Or any input `load_parallel_dataset` reads (a Hub dataset, a saved dataset, parallel text / TSV / JSON lines):
+
+    %(prog)s --dataset_name wmt14 --dataset_config_name de-en \\
+        --source_lang en --target_lang de --streaming --vocab_size 37000 --output_dir outputs/tokenizer_wmt14
+    %(prog)s --train_file ../shared/data/multi30k/train --source_lang en --target_lang de \\
+        --vocab_size 8000 --output_dir outputs/tokenizer_multi30k
+
+The result loads with `AutoTokenizer.from_pretrained(output_dir)`. Options are spelled as transformers'
+run_translation.py spells them; the dashed spellings are accepted aliases. Defaults are `train_tokenizer`'s.
+"""
+
+
+def _train_from_args(args, parser) -> PreTrainedTokenizerFast:
+    texts = length = None
+    if args.dataset_name or args.train_file:
+        dataset = load_parallel_dataset(
+            dataset_name=args.dataset_name, dataset_config_name=args.dataset_config_name, train_file=args.train_file,
+            source_lang=args.source_lang, target_lang=args.target_lang, streaming=args.streaming,
+        )  # fmt: skip
+        if "train" not in dataset:
+            parser.error(f"the dataset has no 'train' split (splits: {list(dataset)})")
+        texts = iter_parallel_texts(dataset, args.source_lang, args.target_lang, split="train")
+        if not args.streaming:  # for the progress bar
+            length = 2 * len(dataset["train"]) + sum(count_lines(f) for f in args.files or ())
+    options = {k: getattr(args, k) for k in ("vocab_size", "model", "min_frequency") if getattr(args, k) is not None}
+    return train_tokenizer(
+        texts, files=args.files, length=length, show_progress=not args.no_progress, output_dir=args.output_dir,
+        **options,
+    )  # fmt: skip
+
+
+def main(argv=None) -> int:
+    """`vaswani-train-tokenizer` / `scripts/train_tokenizer.py`: exit status 0, or 2 with an error line."""
+    parser = argparse.ArgumentParser(
+        description=CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--files", nargs="+", help="plain text files, one sentence per line")
+    parser.add_argument("--dataset_name", "--dataset-name", help="Hub dataset name or a folder from save_to_disk")
+    parser.add_argument("--dataset_config_name", "--dataset-config-name")
+    parser.add_argument("--train_file", "--train-file", help="parallel prefix (path/train), .tsv or .jsonl")
+    parser.add_argument("--source_lang", "--source-lang", default="en")
+    parser.add_argument("--target_lang", "--target-lang", default="de")
+    parser.add_argument("--streaming", action="store_true", help="read the dataset lazily")
+    parser.add_argument("--vocab_size", "--vocab-size", type=int, help="size including the 4 special tokens")
+    parser.add_argument("--model", choices=TOKENIZER_MODELS, help="bpe (paper EN-DE) or wordpiece (paper EN-FR)")
+    parser.add_argument("--min_frequency", "--min-frequency", type=int)
+    parser.add_argument("--output_dir", "--output-dir", required=True)
+    parser.add_argument("--no_progress", "--no-progress", action="store_true", help="hide the progress bar")
+    args = parser.parse_args(argv)
+    if not args.files and not args.dataset_name and not args.train_file:
+        parser.error("give --files, --dataset_name or --train_file")
+    try:
+        tokenizer = _train_from_args(args, parser)
+    except (ValueError, FileNotFoundError) as err:  # bad input: a clear message, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    model = type(tokenizer.backend_tokenizer.model).__name__.lower()
+    print(f"Saved a {model} tokenizer with {len(tokenizer)} tokens to {args.output_dir}")
+    return 0

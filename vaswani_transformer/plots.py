@@ -1,4 +1,4 @@
-"""Plots for training runs: the paper's learning-rate schedule and learning curves from ``trainer_state.json``.
+"""Every picture: the paper's learning-rate schedule and learning curves from ``trainer_state.json``.
 
 matplotlib is imported only inside the plotting functions (``pip install matplotlib``, in the ``dev`` extra).
 """
@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .averaging import TRAINER_STATE_NAME
-from .training import paper_learning_rate
+from .checkpoints import TRAINER_STATE_NAME
+from .trainer import paper_learning_rate
 
 
 def learning_curve(trainer_state: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:

@@ -1,10 +1,22 @@
-"""Tiny saved translation models for the pipeline, translate and hub tests (built offline in seconds)."""
+"""Test-only helpers shared by the test modules: the tiny random models the tests build, and tiny saved
+translation models (a trained tokenizer + a random model) for the pipeline, translate and hub tests."""
 
-import pytest
 import torch
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.tokenization import config_kwargs_from_tokenizer, train_tokenizer
+
+
+def tiny_config(**overrides) -> VaswaniTransformerConfig:
+    """A 2+2-layer model of width 32 (4 heads, d_ff 64, vocabulary 50, no dropout); `overrides` change any field."""
+    fields = dict(vocab_size=50, d_model=32, encoder_layers=2, decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0)
+    return VaswaniTransformerConfig(**{**fields, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides) -> VaswaniTransformerForConditionalGeneration:
+    """A random `tiny_config(**overrides)` model from seed `seed`, in eval mode."""
+    torch.manual_seed(seed)
+    return VaswaniTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
 
 
 CORPUS = [
@@ -18,16 +30,6 @@ SOURCES = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """One torch thread while a test module using these models runs (restored after): on a shared 2-core machine,
-    multi-threaded tiny matrix products wait on each other (~100x slower beam search)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 # Subprocesses (CLIs, Pythons without the package) are told the same through the environment.
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -36,13 +38,10 @@ def tiny_tokenizer():
     return train_tokenizer(CORPUS * 3, vocab_size=320, show_progress=False)
 
 
-def tiny_model(tokenizer, seed: int = 1, **overrides):
+def tiny_translation_model(tokenizer, seed: int = 1, **overrides):
     """A random 1-layer model whose outputs differ from sentence to sentence (large embeddings, no dropout)."""
-    torch.manual_seed(seed)
-    fields = dict(d_model=32, encoder_layers=1, decoder_layers=1, num_heads=2, d_ff=64, dropout=0.0,
-                  scale_embedding=False, init_std=1.0)  # fmt: skip
-    config = VaswaniTransformerConfig(**{**fields, **config_kwargs_from_tokenizer(tokenizer), **overrides})
-    return VaswaniTransformerForConditionalGeneration(config).eval()
+    fields = dict(encoder_layers=1, decoder_layers=1, num_heads=2, scale_embedding=False, init_std=1.0)
+    return tiny_model(seed, **{**fields, **config_kwargs_from_tokenizer(tokenizer), **overrides})
 
 
 # The paper's decoding (beam 4, GNMT penalty 0.6) with a short length rule: a random model never ends a sentence, and
@@ -54,7 +53,7 @@ def save_tiny_model(folder, seed: int = 1, **overrides):
     """(model, tokenizer) after saving both to `folder` with `save_pretrained` (generation: max_len_a=0,
     max_len_b=10, otherwise the paper's)."""
     tokenizer = tiny_tokenizer()
-    model = tiny_model(tokenizer, seed=seed, **overrides)
+    model = tiny_translation_model(tokenizer, seed=seed, **overrides)
     model.generation_config.max_len_a, model.generation_config.max_len_b = TEST_MAX_LEN_A, TEST_MAX_LEN_B
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

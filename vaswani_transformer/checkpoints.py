@@ -1,18 +1,21 @@
-"""Checkpoint averaging (paper, Section 6.1: the base models average the last 5 checkpoints, the big ones 20).
+"""Trainer checkpoints: which are complete (one rule), the latest, resuming, and averaging them.
 
-`average_checkpoints(run_dir_or_list, num_last, output_dir)` averages the parameters of the newest `num_last`
-complete Trainer checkpoints (`checkpoint-<step>` folders with `model.safetensors` and `trainer_state.json`, every
-file of which loads: `checkpoint_problem`, the rule resuming uses too) in float64, casts each tensor back to its
-stored dtype and writes a folder that `from_pretrained` loads: weights through the model class (`save_pretrained`,
-so tied embeddings stay one tensor), config, generation config and the tokenizer of the newest checkpoint (or of
-the run directory).
+A ``checkpoint-<step>`` folder is complete when every file in it loads and the files it needs exist
+(:func:`checkpoint_problem`); resuming (:func:`resolve_resume_checkpoint`, :func:`find_last_complete_checkpoint`)
+and averaging (:func:`average_checkpoints`) use that same rule. Averaging is the paper's (Section 6.1: the base
+models average the last 5 checkpoints, the big ones 20): the float64 mean of the newest complete checkpoints,
+written as a folder that ``from_pretrained`` loads (``save_pretrained``, so tied embeddings stay one tensor), with
+the config, generation config and tokenizer. :func:`main` is the command line (``scripts/average_checkpoints.py``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import os
 import re
+import sys
 import warnings
 import zipfile
 from collections.abc import Sequence
@@ -20,33 +23,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import SAFE_WEIGHTS_NAME
 
+logger = logging.getLogger(__name__)
 
 TRAINER_STATE_NAME = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME (not importable cheaply)
 AVERAGING_RECORD_NAME = "averaged_checkpoints.json"
+DEFAULT_NUM_LAST = 5  # the paper's base models
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
-@dataclass
-class AveragingResult:
-    """What `average_checkpoints` did: the averaged checkpoints (oldest first) and the skipped ones."""
-
-    output_dir: Path
-    checkpoints: list[Path]
-    skipped: dict[str, str] = field(default_factory=dict)
-    tokenizer_source: Path | None = None
-
-    def to_dict(self) -> dict:
-        return {
-            "checkpoints": [str(p) for p in self.checkpoints],
-            "num_checkpoints": len(self.checkpoints),
-            "skipped": self.skipped,
-            "tokenizer_source": str(self.tokenizer_source) if self.tokenizer_source else None,
-        }
+# ---------------------------------------------------------------------------------------------- finding
 
 
 def checkpoint_step(path: os.PathLike | str) -> int | None:
@@ -63,6 +55,8 @@ def find_checkpoints(run_dir: os.PathLike | str) -> list[Path]:
     found = [p for p in run_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
     return sorted(found, key=checkpoint_step)
 
+# ------------------------------------------------------------------------------------ the completeness rule
+
 
 def file_problem(path: os.PathLike | str) -> str | None:
     """Why the checkpoint file `path` would not load, or None when it is whole (read without loading tensors).
@@ -77,8 +71,6 @@ def file_problem(path: os.PathLike | str) -> str | None:
         if path.stat().st_size == 0:
             return f"empty {path.name}"
         if path.suffix == ".safetensors":
-            from safetensors import safe_open
-
             with safe_open(path, framework="pt"):
                 pass
         elif path.suffix == ".json":
@@ -126,6 +118,71 @@ def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str
             return f"missing weight shard(s) {absent}"
     return None
 
+# ---------------------------------------------------------------------------------------- latest, resume
+
+
+def find_last_complete_checkpoint(output_dir: str | os.PathLike, quarantine: bool = True) -> str | None:
+    """The newest ``checkpoint-N`` in ``output_dir`` (by N) complete for resuming, or None.
+
+    Incomplete ones newer than it (left by a killed run) are renamed ``incomplete-checkpoint-N`` (or
+    ``incomplete-checkpoint-N.K``) with a warning when ``quarantine`` is true, so the Trainer's own checkpoint
+    rotation and later saves never mistake them for real checkpoints.
+    """
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return None
+    for p in reversed(find_checkpoints(output_dir)):
+        if checkpoint_problem(p, for_resume=True) is None:
+            return str(p)
+        if quarantine:
+            target = output_dir / f"incomplete-{p.name}"
+            k = 0
+            while target.exists():
+                k += 1
+                target = output_dir / f"incomplete-{p.name}.{k}"
+            logger.warning("Checkpoint %s is incomplete (a run stopped while saving it); moved to %s.", p, target)
+            p.rename(target)
+    return None
+
+
+def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, quarantine: bool = True) -> str | None:
+    """The checkpoint ``resume_from_checkpoint=value`` names: None for none, the newest complete one of
+    ``output_dir`` for ``latest``/``true`` (None, with a warning, when there is none), or the given folder, which
+    must be complete (a ValueError naming what is wrong otherwise)."""
+    if value in (None, "", "false", "False"):
+        return None
+    if value in ("latest", "true", "True", True):
+        found = find_last_complete_checkpoint(output_dir, quarantine=quarantine)
+        if found is None:
+            logger.warning("resume_from_checkpoint=%s: no complete checkpoint in %s; starting from scratch.",
+                           value, output_dir)
+        return found
+    problem = checkpoint_problem(value, for_resume=True)
+    if problem is not None:
+        raise ValueError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}.")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ averaging
+
+
+@dataclass
+class AveragingResult:
+    """What `average_checkpoints` did: the averaged checkpoints (oldest first) and the skipped ones."""
+
+    output_dir: Path
+    checkpoints: list[Path]
+    skipped: dict[str, str] = field(default_factory=dict)
+    tokenizer_source: Path | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "checkpoints": [str(p) for p in self.checkpoints],
+            "num_checkpoints": len(self.checkpoints),
+            "skipped": self.skipped,
+            "tokenizer_source": str(self.tokenizer_source) if self.tokenizer_source else None,
+        }
+
 
 def _candidates(run_dir_or_list) -> tuple[list[Path], Path | None]:
     """(candidate checkpoints oldest first, run directory or None)."""
@@ -160,7 +217,7 @@ def _tokenizer_source(folders: Sequence[Path | None]) -> Path | None:
 
 def average_checkpoints(
     run_dir_or_list: os.PathLike | str | Sequence[os.PathLike | str],
-    num_last: int | None = 5,
+    num_last: int | None = DEFAULT_NUM_LAST,
     output_dir: os.PathLike | str | None = None,
     model_class=None,
 ) -> AveragingResult:
@@ -245,8 +302,6 @@ def average_checkpoints(
         where = f"{newest}" + (f" or {run_dir}" if run_dir else "")
         warnings.warn(f"No tokenizer files in {where}; {output_dir} has no tokenizer.", stacklevel=2)
     else:
-        from transformers import AutoTokenizer
-
         AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(output_dir)
 
     result = AveragingResult(output_dir, list(reversed(used)), skipped, tokenizer_source)
@@ -272,9 +327,7 @@ def _check_compatible(path: Path, state: dict, reference_path: Path, reference: 
 
 def _load_with_weights(checkpoint: Path, weights: dict[str, torch.Tensor], model_class=None):
     """The model of `checkpoint` (config, generation config, tying from `from_pretrained`) holding `weights`."""
-    if model_class is None:
-        from transformers import AutoModelForSeq2SeqLM as model_class  # our classes: registered by the package
-    model = model_class.from_pretrained(checkpoint)
+    model = (model_class or AutoModelForSeq2SeqLM).from_pretrained(checkpoint)  # ours: registered by the package
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if unexpected:
         raise ValueError(f"{checkpoint}: tensors the model does not have: {sorted(unexpected)[:5]}.")
@@ -287,11 +340,75 @@ def _load_with_weights(checkpoint: Path, weights: dict[str, torch.Tensor], model
     return model
 
 
+def average_last_checkpoints(run_dir: str | os.PathLike, num_last: int) -> str:
+    """Average the last ``num_last`` complete checkpoints of a training run into ``run_dir/averaged`` (all of them,
+    with a warning, when the run has fewer) and return that folder."""
+    available = [p for p in find_checkpoints(run_dir) if checkpoint_problem(p) is None]
+    if not available:
+        raise ValueError(f"average_last_checkpoints={num_last} but {run_dir} has no complete checkpoint.")
+    if len(available) < num_last:
+        logger.warning("average_last_checkpoints=%d but only %d checkpoint(s) exist (%s): averaging those.",
+                       num_last, len(available), ", ".join(p.name for p in available))
+        num_last = len(available)
+    target = os.path.join(run_dir, "averaged")
+    done = average_checkpoints(run_dir, num_last, target)
+    logger.info("Averaged %s into %s", ", ".join(p.name for p in done.checkpoints), target)
+    return target
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+_CLI_DESCRIPTION = """\
+Average the last K checkpoints of a training run into a model folder that `from_pretrained` loads.
+
+Paper (Section 6.1): the base models average the last 5 checkpoints, the big models the last 20.
+
+    %(prog)s runs/base --num_last 5 --output_dir runs/base/averaged
+    %(prog)s runs/base/checkpoint-90000 runs/base/checkpoint-100000 --output_dir avg
+
+Incomplete checkpoints (no model.safetensors or trainer_state.json, or a file that does not load: a safetensors
+file cut short, JSON that does not parse, a torch archive cut short) are skipped with a warning naming the file;
+fewer valid checkpoints than --num_last is an error. See `vaswani_transformer.checkpoints.average_checkpoints`.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line of checkpoint averaging (``scripts/average_checkpoints.py``, ``vaswani-average``)."""
+    parser = argparse.ArgumentParser(description=_CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "checkpoints", nargs="+",
+        help="A run directory holding checkpoint-<step> folders, or several checkpoint folders.",
+    )
+    parser.add_argument(
+        "--num_last", "--num-last", type=int, default=DEFAULT_NUM_LAST,
+        help=f"Number of newest valid checkpoints to average (default {DEFAULT_NUM_LAST}; paper: 5 base, 20 big; "
+        "0 = all).",
+    )
+    parser.add_argument("--output_dir", "--output-dir", required=True, help="Folder for the averaged model.")
+    args = parser.parse_args(argv)
+    if args.num_last < 0:
+        parser.error(f"--num_last must be >= 0, got {args.num_last}.")
+
+    source = args.checkpoints[0] if len(args.checkpoints) == 1 else args.checkpoints
+    try:
+        result = average_checkpoints(source, num_last=args.num_last or None, output_dir=args.output_dir)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"Averaged {len(result.checkpoints)} checkpoints into {result.output_dir}:")
+    print(json.dumps(result.to_dict(), indent=2))
+    return 0
+
+
 __all__ = [
     "AveragingResult",
     "average_checkpoints",
+    "average_last_checkpoints",
     "checkpoint_problem",
     "checkpoint_step",
     "file_problem",
     "find_checkpoints",
+    "find_last_complete_checkpoint",
+    "main",
+    "resolve_resume_checkpoint",
 ]

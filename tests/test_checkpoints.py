@@ -1,4 +1,5 @@
-"""Checkpoint averaging: the result is the float64 mean of the newest complete checkpoints, loadable and tied."""
+"""Checkpoints: one completeness rule for resuming and averaging; averaging gives the float64 mean of the newest
+complete checkpoints, loadable and tied."""
 
 import json
 import os
@@ -12,8 +13,16 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
-from vaswani_transformer.averaging import AVERAGING_RECORD_NAME, average_checkpoints, find_checkpoints
+from vaswani_transformer import VaswaniTransformerForConditionalGeneration
+from vaswani_transformer.checkpoints import (
+    AVERAGING_RECORD_NAME,
+    average_checkpoints,
+    checkpoint_problem,
+    find_checkpoints,
+    find_last_complete_checkpoint,
+)
+
+import helpers
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,11 +40,10 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_model(d_model=16, seed=0) -> VaswaniTransformerForConditionalGeneration:
-    torch.manual_seed(seed)
-    config = VaswaniTransformerConfig(
-        vocab_size=4 + len(WORDS), d_model=d_model, encoder_layers=1, decoder_layers=1, num_heads=2, d_ff=32
+    """A 1+1-layer model over the words of `tiny_tokenizer`."""
+    return helpers.tiny_model(
+        seed, vocab_size=4 + len(WORDS), d_model=d_model, encoder_layers=1, decoder_layers=1, num_heads=2, d_ff=32
     )
-    return VaswaniTransformerForConditionalGeneration(config)
 
 
 def write_checkpoint(model, path: Path, tokenizer=None, trainer_state=True):
@@ -176,9 +184,6 @@ def resumable_checkpoint(path: Path) -> Path:
 def test_a_checkpoint_is_complete_only_when_every_file_loads(tmp_path, damage):
     """One rule for averaging and resuming: a file cut short (or JSON that does not parse) makes the checkpoint
     incomplete, naming the file; a whole checkpoint passes both checks."""
-    from vaswani_transformer.averaging import checkpoint_problem
-    from vaswani_transformer.training import find_last_complete_checkpoint
-
     run = tmp_path / "run"
     older, newest = resumable_checkpoint(run / "checkpoint-1"), resumable_checkpoint(run / "checkpoint-2")
     assert checkpoint_problem(newest) is None and checkpoint_problem(newest, for_resume=True) is None
@@ -246,8 +251,8 @@ def test_cli_averages_trainer_checkpoints(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoint-3" / "trainer_state.json").unlink()  # pretend the last one is half-written
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), str(run), "--num-last", "2",
-               "--output-dir", str(tmp_path / "avg")]  # fmt: skip
+    command = [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), str(run), "--num_last", "2",
+               "--output_dir", str(tmp_path / "avg")]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "Skipping checkpoint" in done.stderr and "checkpoint-3" in done.stderr

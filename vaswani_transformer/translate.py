@@ -1,7 +1,8 @@
 """Translating many lines: loading a model folder or Hub id, token-based batches, the paper's decoding.
 
-`translate_lines(model, tokenizer, lines, ...)` is the library function behind `scripts/translate.py` and
-`vaswani_transformer.evaluation` (its `translate_fn`). It returns exactly one translation per line, in order:
+`translate_lines(model, tokenizer, lines, ...)` is the library function behind `vaswani-translate` (`main`, also
+`scripts/translate.py`) and `vaswani_transformer.evaluation` (its `translate_fn`). It returns exactly one translation
+per line, in order:
 
 - Decoding is the model's generation config - for our models the paper's beam search (beam 4, GNMT length penalty
   alpha 0.6, at most `max_len_a * source length + max_len_b` = source length + 50 tokens) - updated with the given
@@ -17,6 +18,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import os
 import sys
@@ -25,8 +28,11 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from .data import TokenBatchSampler
 from .pipeline import source_length_limit, truncate_source
+from .textio import read_lines, write_lines
 
 
 logger = logging.getLogger(__name__)
@@ -36,6 +42,7 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "fp32": torch.float32, "bflo
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+DEFAULT_MAX_TOKENS = 4096  # most source tokens per batch, padding included
 
 
 # ------------------------------------------------------------------------------------------- loading models
@@ -54,8 +61,6 @@ def check_model_folder(folder: str | os.PathLike) -> None:
     if not weights:
         missing.append(f"the weights (one of {', '.join(WEIGHT_FILES)})")
     for index_name in (w for w in weights if w.endswith(".index.json")):
-        import json
-
         try:
             shards = sorted(set(json.loads((folder / index_name).read_text(encoding="utf-8"))["weight_map"].values()))
         except (ValueError, KeyError) as error:
@@ -64,7 +69,8 @@ def check_model_folder(folder: str | os.PathLike) -> None:
             f"{shard} (a weight shard listed in {index_name})" for shard in shards if not (folder / shard).is_file()
         )
     tokenizer_found = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
-    if "tokenizer.json" not in tokenizer_found and not any(folder.glob("*.model")) and not any(folder.glob("vocab.*")):
+    # A fast tokenizer, a sentencepiece model, or vocabulary files (e.g. FSMT's vocab-src.json of fairseq imports).
+    if "tokenizer.json" not in tokenizer_found and not any(folder.glob("*.model")) and not any(folder.glob("vocab*")):
         missing.append("the tokenizer (tokenizer.json; save it with tokenizer.save_pretrained(folder))")
     if missing:
         raise FileNotFoundError(f"Model folder {folder} is incomplete; missing: " + "; ".join(missing) + ".")
@@ -88,8 +94,6 @@ def load_model_and_tokenizer(
     trust_remote_code: bool = False,
 ):
     """(model in eval mode, tokenizer) from a local folder (checked with `check_model_folder` first) or a Hub id."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
     name = os.fspath(model_name_or_path)
     if os.path.isdir(name):
         check_model_folder(name)
@@ -106,32 +110,6 @@ def load_model_and_tokenizer(
     if device is not None:
         model.to(device)
     return model.eval(), tokenizer
-
-
-# ------------------------------------------------------------------------------------------- reading lines
-
-
-def read_input_lines(path: str | os.PathLike | None = None) -> tuple[list[str], str]:
-    """(lines, name) of a UTF-8 text file, or of stdin when `path` is None or "-". Lines keep their text (only the line
-    break is removed; empty lines stay, as ""); invalid UTF-8 is a ValueError naming the file and line."""
-    from .tokenization import iter_text_files
-
-    if path is None or os.fspath(path) == "-":
-        lines = []
-        for number, raw in enumerate(sys.stdin.buffer, start=1):
-            try:
-                lines.append(raw.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError as err:
-                raise ValueError(f"<stdin>:{number}: invalid UTF-8 ({err.reason} at byte {err.start}).") from None
-        return lines, "<stdin>"
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"Input file {path} does not exist.")
-    return list(iter_text_files([path])), os.fspath(path)
-
-
-def one_line(text: str) -> str:
-    """`text` with its line breaks (\\r, \\n) turned into spaces, so that one translation stays one output line."""
-    return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
 
 
 # --------------------------------------------------------------------------------------------- translating
@@ -158,7 +136,7 @@ def translate_lines(
     tokenizer,
     lines: Sequence[str] | Iterable[str],
     *,
-    max_tokens: int = 4096,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
     num_beams: int | None = None,
     length_penalty: float | None = None,
     max_len_a: float | None = None,
@@ -177,8 +155,6 @@ def translate_lines(
     show_progress: tqdm bar over sentences (None: only on a terminal).
     generate_kwargs: anything else `model.generate` accepts (e.g. `length_penalty_type="transformers"`).
     """
-    from .data import TokenBatchSampler
-
     lines = list(lines)
     for i, line in enumerate(lines):
         if not isinstance(line, str):
@@ -222,26 +198,98 @@ def translate_file(
 ) -> int:
     """Translate a file (or stdin) line for line into a file (or stdout); returns the number of lines written, which
     always equals the number read. Line breaks inside a translation become spaces. kwargs go to `translate_lines`."""
-    lines, name = read_input_lines(input_path)
+    lines, name = read_lines(input_path)
     translations = translate_lines(model, tokenizer, lines, source_name=name, **kwargs)
     if len(translations) != len(lines):  # pragma: no cover - guarded by translate_lines
         raise RuntimeError(f"{len(translations)} translations for {len(lines)} lines.")
-    text = "".join(one_line(t) + "\n" for t in translations)
-    if output_path is None or os.fspath(output_path) == "-":
-        sys.stdout.flush()
-        sys.stdout.buffer.write(text.encode("utf-8"))  # UTF-8 whatever the locale
-        sys.stdout.buffer.flush()
-    else:
-        Path(output_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(output_path).write_text(text, encoding="utf-8")
-    return len(translations)
+    return write_lines(translations, output_path)
+
+
+# -------------------------------------------------------------------------------------------- command line
+
+CLI_DESCRIPTION = f"""Translate a text file (or stdin) line for line with a saved model, decoding as the paper did by default.
+
+    %(prog)s --model_name_or_path runs/quickstart/averaged --input test.en --output test.hyp.de
+    echo "A man rides a bike." | %(prog)s --model_name_or_path runs/multi30k_cpu/averaged --num_beams 4
+
+One output line per input line, always (an empty line gives an empty line). Batches hold at most --max_tokens source
+tokens (default {DEFAULT_MAX_TOKENS}). Decoding defaults come from the model's generation config (the paper's: beam 4,
+GNMT length penalty 0.6, at most source length + 50 tokens). Options are spelled as transformers' run_translation.py
+spells them (--num_beams, --length_penalty); the first spelling shown is the canonical one, the others (dashes,
+the older --beam and --alpha) are accepted aliases. See `vaswani_transformer.translate.translate_lines`.
+"""
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """--num_beams, --length_penalty, --max_len_a, --max_len_b: None keeps the model's generation config."""
+    parser.add_argument("--num_beams", "--num-beams", "--beam", type=int,
+                        help="Beam size (default: the model's, 4 in the paper).")  # fmt: skip
+    parser.add_argument("--length_penalty", "--length-penalty", "--alpha", type=float,
+                        help="Length penalty alpha (default: the model's, 0.6 in the paper).")  # fmt: skip
+    parser.add_argument("--max_len_a", "--max-len-a", type=float, help="Output limit: a * source length + b (a).")
+    parser.add_argument("--max_len_b", "--max-len-b", type=float, help="Output limit: a * source length + b (b).")
+
+
+def decoding_arguments(args: argparse.Namespace) -> dict:
+    """The decoding options given on the command line (those left out keep the model's)."""
+    names = ("num_beams", "length_penalty", "max_len_a", "max_len_b")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model_name_or_path", "--model", required=True,
+                        help="Model folder or Hub model id (with its tokenizer).")  # fmt: skip
+    parser.add_argument("--engine", choices=("transformers", "ctranslate2"), default="transformers",
+                        help="transformers (our generate) or ctranslate2 (a folder written by "
+                        "vaswani-export-ctranslate2; beam search with transformers' length penalty).")  # fmt: skip
+    parser.add_argument("--input", "-i", default="-", help="Input text file, one sentence per line ('-': stdin).")
+    parser.add_argument("--output", "-o", default="-", help="Output file ('-': stdout).")
+    add_decoding_arguments(parser)
+    parser.add_argument("--max_tokens", "--max-tokens", type=int, help="Most source tokens per batch, padding included.")
+    parser.add_argument("--max_source_length", "--max-source-length", type=int,
+                        help="Truncate longer sources (with a warning naming the line); see --strict.")  # fmt: skip
+    parser.add_argument("--strict", action="store_true", help="Refuse over-long sources instead of truncating them.")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, mps ... (default: cpu).")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="Weights dtype (default: as saved).")
+    parser.add_argument("--revision", help="Hub revision (branch, tag or commit).")
+    parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true",
+                        help="Allow the model's own code (not needed for vaswani_transformer models).")  # fmt: skip
+    parser.add_argument("--no_progress", "--no-progress", action="store_true", help="No progress bar.")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    """`vaswani-translate` / `scripts/translate.py`: exit status 0, or 1 with an error line for bad input."""
+    args = parse_args(argv)
+    options = {k: getattr(args, k) for k in ("max_tokens", "max_source_length") if getattr(args, k) is not None}
+    try:
+        if args.engine == "ctranslate2":
+            from .ctranslate2_export import translate_file_ctranslate2  # optional dependency: ctranslate2
+
+            translate_file_ctranslate2(args.model_name_or_path, args.input, args.output, device=args.device,
+                                       strict=args.strict, **decoding_arguments(args), **options)  # fmt: skip
+            return 0
+        model, tokenizer = load_model_and_tokenizer(
+            args.model_name_or_path, device=args.device, dtype=args.dtype, revision=args.revision,
+            trust_remote_code=args.trust_remote_code,
+        )  # fmt: skip
+        translate_file(
+            model, tokenizer, args.input, args.output, strict=args.strict,
+            show_progress=False if args.no_progress else None, **decoding_arguments(args), **options,
+        )  # fmt: skip
+    except (FileNotFoundError, ValueError, ImportError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 __all__ = [
     "check_model_folder",
     "load_model_and_tokenizer",
-    "one_line",
-    "read_input_lines",
+    "main",
     "resolve_dtype",
     "translate_file",
     "translate_lines",

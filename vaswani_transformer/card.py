@@ -1,0 +1,352 @@
+"""The model card of our models: training recipe, evaluation results, rendered from the packaged template.
+
+- `render_model_card(folder, training_info=..., eval_results=...)`: a huggingface_hub `ModelCard` rendered from
+  `vaswani_transformer/model_cards/vaswani_transformer.md` (package data): language pair, preset and parameter count,
+  the training recipe, sacreBLEU/chrF/tokenized BLEU as `model-index` results, usage, limitations.
+- `training_info_from_run(run_dir)` / `training_info_from_trainer(trainer)`: the recipe a run recorded.
+- `eval_results_for_card(reports, ...)`, `trainer_metric_reports(output_dir, trainer)`: evaluation results for the
+  card, from the JSON reports of `vaswani_transformer.evaluation` or a Trainer run's own metrics.
+
+The repository around the card (code files, pipeline, generation config, upload) is `vaswani_transformer.hub`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from safetensors import safe_open
+
+from .configuration_vaswani_transformer import PRESETS, VaswaniTransformerConfig
+from .generation import PAPER_GENERATION_DEFAULTS
+
+
+PathLike = str | os.PathLike
+# The card template ships inside the package (package data), so installed wheels have it; or pass `template_path`.
+TEMPLATE_NAME = "vaswani_transformer.md"
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "model_cards" / TEMPLATE_NAME
+EXAMPLE_SENTENCE = "A man is riding a bicycle down the street."  # the card's usage example; hub validates with it
+
+# Fields of the training run shown in the card, in this order (whatever is present), with their labels.
+TRAINING_FIELDS = {
+    "preset": "preset",
+    "updates": "updates (optimizer steps)",
+    "max_steps": "max_steps",
+    "num_train_epochs": "epochs",
+    "max_tokens_per_batch": "tokens per batch per process (each side)",
+    "tokens_per_update": "tokens per update",
+    "gradient_accumulation_steps": "gradient accumulation",
+    "num_processes": "processes",
+    "optimizer": "optimizer",
+    "adam_beta1": "Adam beta1",
+    "adam_beta2": "Adam beta2",
+    "adam_epsilon": "Adam epsilon",
+    "lr_schedule": "learning-rate schedule",
+    "lr_factor": "schedule factor",
+    "learning_rate": "learning rate",
+    "warmup_steps": "warmup steps",
+    "label_smoothing_factor": "label smoothing",
+    "weight_decay": "weight decay",
+    "max_grad_norm": "gradient clipping",
+    "dropout": "dropout (P_drop)",
+    "average_last_checkpoints": "checkpoints averaged",
+    "source_tokens_seen": "source tokens seen",
+    "target_tokens_seen": "target tokens seen",
+    "wall_time_seconds": "wall time (s)",
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "seed": "seed",
+}
+
+
+
+def read_json(path: Path) -> dict:
+    """The JSON object in `path`; errors name the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist.") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: not valid JSON ({error}).") from None
+
+
+def count_parameters(folder: PathLike) -> int:
+    """Number of parameters stored in the folder's safetensors files (tied matrices are stored, and counted, once)."""
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no .safetensors weights.")
+    total = 0
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                numel = 1
+                for size in f.get_slice(name).get_shape():
+                    numel *= size
+                total += numel
+    return total
+
+
+_ARCHITECTURE_FIELDS = ("d_model", "encoder_layers", "decoder_layers", "num_heads", "d_ff", "head_dim_k", "head_dim_v",
+                        "dropout", "position_encoding", "share_embeddings", "scale_embedding")  # fmt: skip
+
+
+def detect_preset(config) -> str:
+    """The first paper preset (`base`, `big`, Table 3 rows) whose architecture equals `config`'s, else "custom"."""
+    for name in PRESETS:
+        preset = VaswaniTransformerConfig.from_preset(name)
+        if all(getattr(preset, f) == getattr(config, f) for f in _ARCHITECTURE_FIELDS):
+            return name
+    return "custom"
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+# --------------------------------------------------------------------------------------- training / results
+
+
+def training_info_from_run(run_dir: PathLike) -> dict[str, Any]:
+    """What a training run recorded: `training_summary.json` (updates, tokens seen, wall time, processes) and
+    `trainer_state.json` (global step), plus `training_args.json` (any recipe fields) when present. Missing files
+    are skipped; an empty dict means nothing was recorded."""
+    run_dir = Path(run_dir)
+    info: dict[str, Any] = {}
+    args_file = run_dir / "training_args.json"
+    if args_file.is_file():
+        info.update({k: v for k, v in read_json(args_file).items() if k in TRAINING_FIELDS})
+    state_file = run_dir / "trainer_state.json"
+    if state_file.is_file():
+        state = read_json(state_file)
+        if state.get("global_step"):
+            info["updates"] = state["global_step"]
+    summary_file = run_dir / "training_summary.json"
+    if summary_file.is_file():
+        summary = read_json(summary_file).get("summary") or {}
+        info.update({k: v for k, v in summary.items() if k in TRAINING_FIELDS and v is not None})
+    return info
+
+
+def training_info_from_trainer(trainer) -> dict[str, Any]:
+    """The recipe of a `Seq2SeqTrainer` run: its arguments (optimizer, schedule, smoothing, steps, precision) and
+    state, plus `max_tokens_per_batch` when the trainer batches by tokens. Collective-free (rank 0 calls it)."""
+    args = trainer.args.to_dict()
+    info = {k: args[k] for k in TRAINING_FIELDS if k in args and args[k] not in (None, "")}
+    if info.get("max_steps", 0) and info["max_steps"] > 0:
+        info.pop("num_train_epochs", None)
+    elif "max_steps" in info:
+        info.pop("max_steps")
+    if info.get("lr_schedule") == "paper":
+        info.pop("learning_rate", None)  # ignored by the paper schedule
+    info["optimizer"] = str(args.get("optim", "adamw_torch"))
+    if getattr(trainer, "max_tokens_per_batch", None):
+        info["max_tokens_per_batch"] = trainer.max_tokens_per_batch
+    info["num_processes"] = trainer.args.world_size
+    if trainer.state is not None and trainer.state.global_step:
+        info["updates"] = trainer.state.global_step
+    return info
+
+
+def as_reports(eval_results) -> list[dict]:
+    """Evaluation reports (`vaswani_transformer.evaluation.evaluation_report` dicts) from dicts or JSON paths."""
+    if eval_results is None:
+        return []
+    if isinstance(eval_results, (str, os.PathLike, Mapping)):
+        eval_results = [eval_results]
+    reports = []
+    for item in eval_results:
+        report = read_json(Path(item)) if isinstance(item, (str, os.PathLike)) else dict(item)
+        where = item if isinstance(item, (str, os.PathLike)) else "an evaluation result"
+        if not any(report.get(k) is not None for k in ("sacrebleu", "tokenized_bleu", "chrf")):
+            raise ValueError(f"{where}: no 'sacrebleu', 'tokenized_bleu' or 'chrf' score (an evaluation report is "
+                             "written by vaswani-evaluate).")
+        reports.append(report)
+    return reports
+
+
+def _dataset_of(report: dict) -> dict[str, str | None]:
+    dataset = report.get("dataset")
+    if isinstance(dataset, Mapping):
+        name = dataset.get("name") or dataset.get("type")
+        return {"type": dataset.get("type") or name, "name": name, "split": dataset.get("split")}
+    if isinstance(dataset, str):
+        return {"type": dataset, "name": dataset, "split": report.get("split")}
+    source = report.get("source_file")
+    name = Path(source).name if source else "test set"
+    return {"type": Path(source).stem if source else "custom", "name": name, "split": report.get("split") or "test"}
+
+
+_METRICS = (  # report key, signature key, model-index type, display name
+    ("sacrebleu", "sacrebleu_signature", "bleu", "sacreBLEU"),
+    ("tokenized_bleu", "tokenized_bleu_signature", "bleu", "tokenized BLEU"),
+    ("chrf", "chrf_signature", "chrf", "chrF"),
+)
+
+
+def eval_results_for_card(reports: Sequence[dict], source_lang: str | None, target_lang: str | None):
+    """(model-index `EvalResult`s, rows for the card's table, decoding text) from evaluation reports."""
+    task_name = f"Translation {source_lang}-{target_lang}" if source_lang and target_lang else "Translation"
+    results, rows, decodings = [], [], []
+    for report in reports:
+        dataset = _dataset_of(report)
+        for key, signature_key, metric_type, metric_name in _METRICS:
+            value = report.get(key)
+            if value is None:
+                continue
+            signature = report.get(signature_key)
+            results.append(EvalResult(
+                task_type="translation", task_name=task_name, dataset_type=dataset["type"],
+                dataset_name=dataset["name"], dataset_split=dataset["split"], metric_type=metric_type,
+                metric_name=metric_name, metric_value=round(float(value), 2), metric_config=signature,
+                verified=False,
+            ))  # fmt: skip
+            rows.append(
+                {"dataset": dataset["name"], "metric": metric_name, "value": float(value), "signature": signature}
+            )
+        decoding = report.get("decoding") or {}
+        fields = decoding.get("generation_config", decoding) if isinstance(decoding, Mapping) else {}
+        shown = {k: fields[k] for k in PAPER_GENERATION_DEFAULTS if k != "early_stopping" and k in fields}
+        if isinstance(decoding, Mapping):
+            explicit = ("num_beams", "length_penalty", "max_len_a", "max_len_b")
+            shown.update({k: decoding[k] for k in explicit if k in decoding})
+        if shown:
+            decodings.append(", ".join(f"{k}={_format_value(v)}" for k, v in shown.items()))
+    decoding_text = "; ".join(dict.fromkeys(decodings)) if decodings else None
+    return results, rows, decoding_text
+
+
+# ----------------------------------------------------------------------------------------------- the card
+
+
+def _language_name(code: str | None) -> str:
+    names = {"en": "English", "de": "German", "fr": "French", "cs": "Czech", "ro": "Romanian", "ru": "Russian",
+             "es": "Spanish", "it": "Italian", "nl": "Dutch", "zh": "Chinese", "ja": "Japanese"}  # fmt: skip
+    if not code:
+        return "?"
+    return f"{names[code]} ({code})" if code in names else code
+
+
+def render_model_card(
+    folder: PathLike,
+    *,
+    training_info: Mapping[str, Any] | None = None,
+    eval_results=None,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    license: str = "apache-2.0",
+    datasets: Sequence[str] | str | None = None,
+    model_name: str | None = None,
+    repo_id: str | None = None,
+    tags: Sequence[str] | None = None,
+    example: str | None = None,
+    template_path: PathLike | None = None,
+) -> ModelCard:
+    """The model card of the saved model in `folder` (reads its config, generation config and weights)."""
+    folder = Path(folder)
+    config = VaswaniTransformerConfig.from_pretrained(folder)
+    reports = as_reports(eval_results)
+    for report in reports:  # languages recorded by the evaluation when not given
+        source_lang = source_lang or report.get("source_lang") or None
+        target_lang = target_lang or report.get("target_lang") or None
+    generation = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+    results, rows, decoding_text = eval_results_for_card(reports, source_lang, target_lang)
+    datasets = [datasets] if isinstance(datasets, str) else list(datasets or [])
+    preset = detect_preset(config)
+    parameters = count_parameters(folder)
+    name = model_name or (repo_id.split("/")[-1] if repo_id else None) or (
+        f"transformer-{preset}-{source_lang}-{target_lang}" if source_lang and target_lang else f"transformer-{preset}"
+    )
+    card_data = ModelCardData(
+        language=[lang for lang in (source_lang, target_lang) if lang] or None,
+        license=license,
+        library_name="transformers",
+        pipeline_tag="translation",
+        tags=list(dict.fromkeys(["translation", "vaswani_transformer", "transformer", "custom_code", *(tags or [])])),
+        datasets=datasets or None,
+        metrics=sorted({r.metric_type for r in results}) or None,
+        model_name=name,
+        eval_results=results or None,
+    )
+    training = dict(training_info or {})
+    training.setdefault("preset", preset)
+    training.setdefault("dropout", config.dropout)
+    training_rows = [(label, _format_value(training[key])) for key, label in TRAINING_FIELDS.items() if key in training]
+    training_rows += [(key, _format_value(v)) for key, v in training.items() if key not in TRAINING_FIELDS]
+    generation_rows = [(k, _format_value(generation[k])) for k in PAPER_GENERATION_DEFAULTS if k in generation]
+    preset_note = {"base": "the paper's base model", "big": "the paper's big model"}.get(
+        preset, "Table 3 variant" if preset != "custom" else "not a paper preset"
+    )
+    template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
+    if not template.is_file():
+        raise FileNotFoundError(
+            f"Model card template {template} not found; reinstall vaswani-transformer (its package data includes "
+            "model_cards/*.md) or pass template_path=..."
+        )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template),
+        model_name=name,
+        repo_id=repo_id or name,
+        source_language=_language_name(source_lang),
+        target_language=_language_name(target_lang),
+        source_language_code=source_lang or "src",
+        target_language_code=target_lang or "tgt",
+        preset=preset,
+        preset_note=preset_note,
+        config=config,
+        parameters=parameters,
+        parameters_text=f"{parameters:,} ({parameters / 1e6:.1f}M)",
+        license=license,
+        datasets=datasets,
+        results=rows,
+        results_decoding=decoding_text,
+        training=training_rows,
+        generation=generation_rows,
+        example=(example or EXAMPLE_SENTENCE).replace('"', '\\"'),
+    )
+
+
+def trainer_metric_reports(output_dir: PathLike, trainer=None) -> list[dict]:
+    """Evaluation reports from a Trainer run's own metrics: `test_results.json` / `eval_results.json` (written by
+    `trainer.save_metrics`), else the last `test_bleu` / `eval_bleu` entry of `trainer.state.log_history`. The keys
+    are those of `evaluation.make_compute_metrics` (`<prefix>_bleu` = sacreBLEU, `_chrf`, `_tokenized_bleu`); the
+    signatures are not recorded there, so the card shows none."""
+    reports = []
+    history = list(getattr(getattr(trainer, "state", None), "log_history", None) or [])
+    for prefix, split in (("test", "test"), ("eval", "validation")):
+        path = Path(output_dir) / f"{prefix}_results.json"
+        metrics = read_json(path) if path.is_file() else next(
+            (entry for entry in reversed(history) if entry.get(f"{prefix}_bleu") is not None), {}
+        )
+        if metrics.get(f"{prefix}_bleu") is None:
+            continue
+        reports.append({
+            "sacrebleu": metrics[f"{prefix}_bleu"],
+            "chrf": metrics.get(f"{prefix}_chrf"),
+            "tokenized_bleu": metrics.get(f"{prefix}_tokenized_bleu"),
+            "dataset": {"name": f"{split} split", "type": "custom", "split": split},
+        })  # fmt: skip
+    return reports
+
+
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "EXAMPLE_SENTENCE",
+    "TRAINING_FIELDS",
+    "as_reports",
+    "count_parameters",
+    "detect_preset",
+    "eval_results_for_card",
+    "read_json",
+    "render_model_card",
+    "trainer_metric_reports",
+    "training_info_from_run",
+    "training_info_from_trainer",
+]

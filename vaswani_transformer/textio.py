@@ -1,0 +1,105 @@
+"""Reading and writing text lines, the one place: UTF-8, errors named by file and line, BOM, line breaks.
+
+- A line is its text without the line break (`\\n`, `\\r\\n`); empty lines stay, as "".
+- A UTF-8 byte order mark opening a file (or stdin) is not text: it is dropped.
+- Invalid UTF-8 is a `TextFileError` (a ValueError) naming the file and line: `train.de:3: invalid UTF-8 (...)`.
+- Writing puts one text per line: line breaks inside a text become spaces (`one_line`), so line N of the output
+  always belongs to line N of the input.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+
+PathLike = str | os.PathLike
+STDIN_NAME = "<stdin>"
+_BOM = "\ufeff"
+
+
+class TextFileError(ValueError):
+    """Unreadable text input; the message names the file and line."""
+
+
+def is_stdio(path: PathLike | None) -> bool:
+    """True for None and "-", the command-line spellings of stdin/stdout."""
+    return path is None or os.fspath(path) == "-"
+
+
+def decode_line(raw: bytes, name: PathLike, line_number: int) -> str:
+    """One line of UTF-8 bytes as text without its line break (and without a BOM opening line 1)."""
+    try:
+        text = raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as err:
+        raise TextFileError(f"{name}:{line_number}: invalid UTF-8 ({err.reason} at byte {err.start}).") from None
+    return text[1:] if line_number == 1 and text.startswith(_BOM) else text
+
+
+def iter_lines(path: PathLike | None) -> Iterator[str]:
+    """The lines of a UTF-8 text file, read lazily; None or "-" reads stdin."""
+    if is_stdio(path):
+        for number, raw in enumerate(sys.stdin.buffer, start=1):
+            yield decode_line(raw, STDIN_NAME, number)
+        return
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file.")
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            yield decode_line(raw, path, number)
+
+
+def iter_text_files(paths: Sequence[PathLike]) -> Iterator[str]:
+    """The lines of several UTF-8 text files, one file after the other."""
+    for path in paths:
+        yield from iter_lines(path)
+
+
+def read_lines(path: PathLike | None) -> tuple[list[str], str]:
+    """(lines, name) of a UTF-8 text file, or of stdin when `path` is None or "-" (name "<stdin>")."""
+    return list(iter_lines(path)), STDIN_NAME if is_stdio(path) else os.fspath(path)
+
+
+def count_lines(path: PathLike) -> int:
+    """Number of lines of a text file (a final line without newline counts), read in binary chunks."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks (\\r\\n, \\n, \\r) turned into spaces, so that it stays one line."""
+    return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+
+
+def write_lines(lines: Iterable[str], path: PathLike | None = None) -> int:
+    """Write one text per line (`one_line`), UTF-8 whatever the locale, to a file (parents created) or to stdout
+    when `path` is None or "-"; returns the number of lines written."""
+    lines = [one_line(text) for text in lines]
+    data = "".join(text + "\n" for text in lines).encode("utf-8")
+    if is_stdio(path):
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(data)
+    return len(lines)
+
+
+__all__ = [
+    "TextFileError",
+    "count_lines",
+    "decode_line",
+    "is_stdio",
+    "iter_lines",
+    "iter_text_files",
+    "one_line",
+    "read_lines",
+    "write_lines",
+]

@@ -1,0 +1,562 @@
+"""The training job: arguments, recipes, presets, and :func:`run_training` (``scripts/train.py``, ``vaswani-train``).
+
+The paper's recipe (Sections 5.3 and 5.4; :mod:`vaswani_transformer.trainer` implements it) is the default of
+:class:`VaswaniTrainingArguments`. ``--preset`` sets everything its Table 3 row changes: the model and the training
+values (``preset_training_arguments``: label smoothing, ``max_steps`` 100k base / 300k big, warmup); an explicit
+flag or recipe key wins (:func:`given_arguments` tells which the user gave). The first argument may be a YAML/JSON
+recipe (:func:`load_recipe`); flags after it override its values.
+
+Data: the length and ratio filters apply to the training split only; validation and test sets are scored whole (a
+source longer than a learned-position model takes is truncated with a warning naming it, as translate does).
+
+Checkpoints: ``resume_from_checkpoint="latest"`` resumes from the newest *complete* checkpoint
+(:mod:`vaswani_transformer.checkpoints`, the rule averaging uses too); ``average_last_checkpoints`` averages the
+last ones at the end and evaluates the averaged model.
+
+:func:`run_training` is the whole job (data, tokenizer, model, training, checkpoint averaging, test BLEU, example
+translations, summary); :func:`main` parses the command line for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    HfArgumentParser,
+    Seq2SeqTrainingArguments,
+    set_seed,
+)
+
+from .checkpoints import average_last_checkpoints, resolve_resume_checkpoint
+from .configuration_vaswani_transformer import VaswaniTransformerConfig, preset_training_arguments
+from .data import (
+    SOURCE_LENGTH_COLUMN,
+    TranslationDataCollator,
+    iter_parallel_texts,
+    load_parallel_dataset,
+    tokenize_parallel_dataset,
+)
+from .evaluation import make_compute_metrics
+from .pipeline import source_length_limit, truncate_source
+from .synthetic import TASK_LANGUAGES, write_synthetic_task
+from .textio import write_lines
+from .tokenization import check_tokenizer_matches_config, config_kwargs_from_tokenizer, train_tokenizer
+from .trainer import LR_SCHEDULES, VaswaniSeq2SeqTrainer, gradient_accumulation_for, keep_freed_cpu_memory
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_NAME = "training_summary.json"
+_BASE_TRAINING = preset_training_arguments("base")  # the paper's base recipe: the arguments' defaults
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+
+
+@dataclass
+class ModelArguments:
+    """Which model and tokenizer to train (names as in transformers' ``run_translation.py`` where they exist)."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Start from these weights (a folder or Hub id) instead of a new model."}
+    )
+    config_name: str | None = field(default=None, metadata={"help": "Config folder/id for a new model."})
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer folder/id. Default: the model's, or a new shared BPE trained on the train split."},
+    )
+    preset: str = field(
+        default="base",
+        metadata={"help": "Paper preset (base, big, Table 3 rows): the model of a new model and the training values "
+                  "of its row (label_smoothing_factor, max_steps, warmup_steps); a flag or recipe key overrides them."},
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "Config fields for a new model, 'd_model=256,d_ff=1024' (a mapping in a recipe file)."},
+    )
+    tokenizer_vocab_size: int = field(default=37000, metadata={"help": "Size of a newly trained shared vocabulary."})
+    tokenizer_model: str = field(default="bpe", metadata={"help": "bpe (paper EN-DE) or wordpiece (paper EN-FR)."})
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Attention kernel for training: sdpa (default), eager, flash_attention_2 or flex_attention. With "
+            "--bf16 on a CPU try eager: PyTorch's SDPA backward in bf16 can be slower than fp32 there "
+            "(benchmarks/training_step_speed.py compares them). The saved model keeps the default."
+        },
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "datasets/transformers cache folder."})
+
+
+@dataclass
+class DataTrainingArguments:
+    """Which data, how it is filtered and batched, and what happens after training."""
+
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset or save_to_disk folder."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset config, e.g. de-en."})
+    train_file: str | None = field(default=None, metadata={"help": "prefix of .src/.tgt text files, .tsv or .jsonl"})
+    validation_file: str | None = field(default=None, metadata={"help": "like train_file"})
+    test_file: str | None = field(default=None, metadata={"help": "like train_file; BLEU at the end"})
+    synthetic_task: str | None = field(
+        default=None, metadata={"help": "Generate an offline task instead of reading data: numbers, reverse, copy."}
+    )
+    synthetic_train_size: int = field(default=20000, metadata={"help": "Training pairs of the synthetic task."})
+    synthetic_eval_size: int = field(default=200, metadata={"help": "Validation and test pairs of the synthetic task."})
+    source_lang: str | None = field(default=None, metadata={"help": "Source language code (e.g. en)."})
+    target_lang: str | None = field(default=None, metadata={"help": "Target language code (e.g. de)."})
+    max_source_length: int | None = field(
+        default=None,
+        metadata={"help": "Drop (and count) training pairs whose source has more tokens (</s> included); evaluation "
+                  "sets are scored whole. Default: max_tokens_per_batch."},
+    )
+    max_target_length: int | None = field(default=None, metadata={"help": "Same for the target side."})
+    max_length_ratio: float | None = field(
+        default=None, metadata={"help": "Drop training pairs with longer/shorter side > this."}
+    )
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Re-tokenise instead of using the cache."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training pairs."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N validation pairs."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "Keep the first N test pairs."})
+    max_tokens_per_batch: int = field(
+        default=4096, metadata={"help": "Per-device batch size in tokens (each side, padding included)."}
+    )
+    tokens_per_update: int | None = field(
+        default=None,
+        metadata={"help": "Target tokens per update (paper: 25000); sets gradient_accumulation_steps."},
+    )
+    average_last_checkpoints: int = field(
+        default=0, metadata={"help": "After training, average the last N checkpoints (paper: 5 base, 20 big)."}
+    )
+    num_translation_examples: int = field(default=5, metadata={"help": "Test translations printed at the end."})
+
+
+@dataclass
+class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` with the paper's recipe as defaults, plus the schedule and time-based saving."""
+
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (paper: 0.98)."})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (paper: 1e-9)."})
+    label_smoothing_factor: float = field(
+        default=_BASE_TRAINING["label_smoothing_factor"],
+        metadata={"help": "Label smoothing (paper: 0.1). Default: the preset's (0.0 / 0.2 for D-ls0.0 / D-ls0.2)."},
+    )
+    max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping norm; 0 = none (paper)."})
+    warmup_steps: float = field(
+        default=_BASE_TRAINING["warmup_steps"], metadata={"help": "Warmup updates (paper: 4000; the preset's)."}
+    )
+    lr_schedule: str = field(
+        default="paper",
+        metadata={"help": "paper: d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) * lr_factor (giving "
+                  "--learning_rate too is an error); hf: transformers' lr_scheduler_type with learning_rate."},
+    )
+    lr_factor: float = field(default=1.0, metadata={"help": "Multiplies the paper schedule (peak rate)."})
+    save_every_minutes: float | None = field(
+        default=None, metadata={"help": "Also save a checkpoint every N minutes of training (paper: 10)."}
+    )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={"help": "Wall-clock budget: stop (and save) after this many minutes of training; max_steps still applies."},
+    )
+    predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
+    report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Loggers (tensorboard)."})
+    logging_first_step: bool = field(default=True, metadata={"help": "Log the first update."})
+    keep_freed_cpu_memory: bool = field(
+        default=True,
+        metadata={"help": "Training on CPU: keep freed memory in the process (glibc malloc) instead of returning it "
+                  "to the OS and faulting it back in every step (see trainer.keep_freed_cpu_memory)."},
+    )
+
+    def __post_init__(self):
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"Unknown lr_schedule {self.lr_schedule!r}. Valid: {', '.join(LR_SCHEDULES)}.")
+        if self.lr_schedule == "paper" and (self.warmup_steps < 1 or self.warmup_steps != int(self.warmup_steps)):
+            raise ValueError(f"The paper schedule needs an integer warmup_steps >= 1, got {self.warmup_steps}.")
+        if self.max_train_minutes is not None and self.max_train_minutes <= 0:
+            raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
+        if self.save_every_minutes is not None and self.save_every_minutes <= 0:
+            raise ValueError(f"save_every_minutes must be positive, got {self.save_every_minutes}.")
+        super().__post_init__()
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataTrainingArguments, VaswaniTrainingArguments)
+
+
+def valid_argument_names() -> list[str]:
+    return sorted(f.name for cls in ARGUMENT_CLASSES for f in dataclasses.fields(cls) if f.init)
+
+
+def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML or JSON recipe (a mapping of argument names to values); unknown keys are an error listing the
+    valid ones. ``config_overrides`` may be a mapping; it becomes ``"k=v,..."``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Recipe file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        recipe = json.loads(text)
+    elif path.suffix.lower() in (".yaml", ".yml"):
+        recipe = yaml.safe_load(text)
+    else:
+        raise ValueError(f"{path}: a recipe must be a .yaml, .yml or .json file.")
+    if recipe is None:
+        recipe = {}
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{path}: a recipe must be a mapping of argument names to values, got {type(recipe).__name__}.")
+    valid = set(valid_argument_names())
+    unknown = sorted(k for k in recipe if k not in valid)
+    if unknown:
+        hints = "; ".join(
+            f"{k!r}: did you mean {', '.join(repr(m) for m in difflib.get_close_matches(k, valid, n=3))}?"
+            for k in unknown
+            if difflib.get_close_matches(k, valid, n=3)
+        )
+        raise ValueError(
+            f"{path}: unknown recipe key(s) {unknown}. {hints + ' ' if hints else ''}"
+            f"Valid keys: {', '.join(sorted(valid))}."
+        )
+    if isinstance(recipe.get("config_overrides"), dict):
+        recipe["config_overrides"] = ",".join(f"{k}={v}" for k, v in recipe["config_overrides"].items())
+    return recipe
+
+
+def parse_arguments(argv: list[str] | None = None):
+    """``(model_args, data_args, training_args)`` from the command line.
+
+    The first argument may be a ``.yaml``/``.yml``/``.json`` recipe; further ``--flags`` override its values.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser(ARGUMENT_CLASSES)
+    recipe: dict[str, Any] = {}
+    if argv and not argv[0].startswith("-") and Path(argv[0]).suffix.lower() in (".yaml", ".yml", ".json"):
+        recipe = load_recipe(argv.pop(0))
+        for action in parser._actions:
+            if action.dest in recipe:
+                action.required = False
+    given = {**recipe, **given_arguments(argv)}  # what the user set: recipe keys, then flags
+    parser.set_defaults(**preset_training_defaults(given.get("preset", "base"), given), **recipe)
+    model_args, data_args, training_args, rest = parser.parse_args_into_dataclasses(
+        args=argv, return_remaining_strings=True
+    )
+    if rest:
+        raise ValueError(f"Unknown arguments {rest}. Valid arguments: {', '.join('--' + n for n in valid_argument_names())}.")
+    if "learning_rate" in given and training_args.lr_schedule == "paper":
+        raise ValueError(
+            f"learning_rate={given['learning_rate']} has no effect with lr_schedule=paper, whose rates are "
+            "lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5): scale them with lr_factor, or use "
+            "lr_schedule=hf for transformers' schedules with learning_rate."
+        )
+    return model_args, data_args, training_args
+
+
+def given_arguments(argv: list[str]) -> dict[str, Any]:
+    """The arguments written on the command line ``argv`` (name -> parsed value), without any default.
+
+    Parsed by a copy of the real parser whose defaults are all ``argparse.SUPPRESS``, so an argument appears only when
+    the user gave it (HfArgumentParser's defaults cannot tell "given the default value" from "not given")."""
+    parser = HfArgumentParser(ARGUMENT_CLASSES, add_help=False)  # --help is the real parser's
+    for action in parser._actions:
+        action.default, action.required = argparse.SUPPRESS, False
+    given, _ = parser.parse_known_args(argv)
+    return vars(given)
+
+
+def preset_training_defaults(preset: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The training values of ``preset`` (its Table 3 row: label smoothing, updates, warmup) that ``given`` (the
+    arguments the user set) leaves open. An explicit ``num_train_epochs`` also leaves ``max_steps`` to the user (the
+    Trainer lets ``max_steps`` override epochs)."""
+    given = given or {}
+    values = {k: v for k, v in preset_training_arguments(preset).items() if k not in given}
+    if "num_train_epochs" in given:
+        values.pop("max_steps", None)
+    return values
+
+
+def parse_config_overrides(text: str | None) -> dict[str, Any]:
+    """``"d_model=256,dropout=0.1,share_embeddings=true"`` -> typed dict (ints, floats, booleans, None, strings)."""
+    out: dict[str, Any] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise ValueError(f"config_overrides: expected key=value, got {item!r}.")
+        key, value = (s.strip() for s in item.split("=", 1))
+        low = value.lower()
+        if low in ("true", "false"):
+            out[key] = low == "true"
+        elif low in ("none", "null"):
+            out[key] = None
+        else:
+            for cast in (int, float):
+                try:
+                    out[key] = cast(value)
+                    break
+                except ValueError:
+                    continue
+            else:
+                out[key] = value
+    valid = {f.name for f in dataclasses.fields(VaswaniTransformerConfig)}
+    unknown = sorted(set(out) - valid)
+    if unknown:
+        raise ValueError(f"config_overrides: unknown config field(s) {unknown}. Valid fields: {', '.join(sorted(valid))}.")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- whole job
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    width = max(len(k) for k in summary)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in summary.items())
+
+
+def _prepare_data(model_args, data_args, training_args):
+    if data_args.synthetic_task is not None:
+        paths = write_synthetic_task(
+            os.path.join(training_args.output_dir, "synthetic_data"),
+            data_args.synthetic_task,
+            train_size=data_args.synthetic_train_size,
+            validation_size=data_args.synthetic_eval_size,
+            test_size=data_args.synthetic_eval_size,
+            seed=0,
+        )
+        data_args.train_file = data_args.train_file or paths["train"]
+        data_args.validation_file = data_args.validation_file or paths["validation"]
+        data_args.test_file = data_args.test_file or paths["test"]
+        src, tgt = TASK_LANGUAGES[data_args.synthetic_task]
+        data_args.source_lang = data_args.source_lang or src
+        data_args.target_lang = data_args.target_lang or tgt
+    if not data_args.source_lang or not data_args.target_lang:
+        raise ValueError("Need --source_lang and --target_lang (e.g. en and de).")
+    raw = load_parallel_dataset(
+        dataset_name=data_args.dataset_name,
+        dataset_config_name=data_args.dataset_config_name,
+        train_file=data_args.train_file,
+        validation_file=data_args.validation_file,
+        test_file=data_args.test_file,
+        source_lang=data_args.source_lang,
+        target_lang=data_args.target_lang,
+        cache_dir=model_args.cache_dir,
+    )
+    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples),
+                         ("test", data_args.max_predict_samples)):  # fmt: skip
+        if limit is not None and split in raw:
+            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+    return raw
+
+
+def _load_tokenizer(model_args, data_args, training_args, raw):
+    name = model_args.tokenizer_name or model_args.model_name_or_path
+    if name is not None:
+        return AutoTokenizer.from_pretrained(name, cache_dir=model_args.cache_dir)
+    folder = os.path.join(training_args.output_dir, "tokenizer")
+    # Every process enters (and leaves) main_process_first exactly once: rank 0 trains, the others then load.
+    with training_args.main_process_first(desc="training the tokenizer"):
+        if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+            logger.info("Using the tokenizer trained earlier in %s", folder)
+            return AutoTokenizer.from_pretrained(folder)
+        if "train" not in raw:
+            raise ValueError("No tokenizer given and no train split to train one on: pass --tokenizer_name.")
+        logger.info("Training a shared %s vocabulary of %d on the train split", model_args.tokenizer_model,
+                    model_args.tokenizer_vocab_size)
+        return train_tokenizer(
+            iter_parallel_texts(raw, data_args.source_lang, data_args.target_lang, split="train"),
+            vocab_size=model_args.tokenizer_vocab_size,
+            model=model_args.tokenizer_model,
+            length=2 * len(raw["train"]),
+            show_progress=training_args.process_index == 0 and not training_args.disable_tqdm,
+            output_dir=folder,
+        )
+
+
+def _load_model(model_args, tokenizer):
+    overrides = parse_config_overrides(model_args.config_overrides)
+    kernel = {} if model_args.attn_implementation is None else {"attn_implementation": model_args.attn_implementation}
+    if model_args.model_name_or_path is not None:
+        if overrides:
+            raise ValueError("config_overrides only applies to a new model, not to --model_name_or_path.")
+        return AutoModelForSeq2SeqLM.from_pretrained(
+            model_args.model_name_or_path, cache_dir=model_args.cache_dir, **kernel
+        )
+    if model_args.config_name is not None:
+        config = AutoConfig.from_pretrained(model_args.config_name, cache_dir=model_args.cache_dir, **overrides)
+    else:
+        config = VaswaniTransformerConfig.from_preset(
+            model_args.preset, **{**config_kwargs_from_tokenizer(tokenizer), **overrides}
+        )
+    return AutoModelForSeq2SeqLM.from_config(config, **kernel)
+
+
+def truncate_long_sources(dataset, limit: int | None, eos_token_id: int | None, where: str, warn: bool = True):
+    """An evaluation split whose sources longer than ``limit`` tokens (what the model can take) are cut as translate
+    cuts them (``pipeline.truncate_source``, keeping ``</s>``), with a warning naming each pair (``where:N``, N the
+    pair's line in a text file)."""
+    if limit is None:
+        return dataset
+    lengths = dataset[SOURCE_LENGTH_COLUMN]
+    long = {i for i, n in enumerate(lengths) if n > limit}
+    for i in sorted(long) if warn else ():
+        logger.warning("%s:%d: the source has %d tokens, more than the model's limit of %d; scoring its first %d "
+                       "tokens.", where, i + 1, lengths[i], limit, limit)
+    if not long:
+        return dataset
+
+    def cut(example: dict, index: int) -> dict:
+        if index in long:
+            example["input_ids"] = truncate_source(example["input_ids"], limit, eos_token_id)
+            example[SOURCE_LENGTH_COLUMN] = len(example["input_ids"])
+        return example
+
+    return dataset.map(cut, with_indices=True, desc="Truncating long sources")
+
+
+def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
+                 training_args: VaswaniTrainingArguments, callbacks: list | None = None) -> dict[str, Any]:
+    """The whole job: data -> tokenizer -> model -> train -> (average) -> test BLEU -> examples -> summary.
+
+    Returns a dict with ``summary``, ``eval`` and ``test`` metrics and ``examples``; also written to
+    ``output_dir/training_summary.json`` by the main process.
+    """
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO
+                        if training_args.process_index == 0 else logging.WARNING)
+    set_seed(training_args.seed)
+    if data_args.tokens_per_update is not None:
+        training_args.gradient_accumulation_steps = gradient_accumulation_for(
+            data_args.tokens_per_update, data_args.max_tokens_per_batch, training_args.world_size
+        )
+        logger.info("tokens_per_update=%d with %d tokens x %d process(es): gradient_accumulation_steps=%d",
+                    data_args.tokens_per_update, data_args.max_tokens_per_batch, training_args.world_size,
+                    training_args.gradient_accumulation_steps)
+    resume = None
+    if training_args.do_train:  # the newest complete checkpoint is found (and a broken one moved aside) by rank 0
+        resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir,
+                                           quarantine=training_args.process_index == 0)
+    if training_args.keep_freed_cpu_memory and training_args.device.type == "cpu" and keep_freed_cpu_memory():
+        logger.info("Training on CPU: freed memory stays in the process (glibc mallopt, keep_freed_cpu_memory).")
+
+    with training_args.main_process_first(desc="preparing the data"):
+        raw = _prepare_data(model_args, data_args, training_args)
+    tokenizer = _load_tokenizer(model_args, data_args, training_args, raw)
+    model = _load_model(model_args, tokenizer)
+    check_tokenizer_matches_config(tokenizer, model.config)  # before any training
+
+    max_tokens = data_args.max_tokens_per_batch
+    position_limit = source_length_limit(model.config)  # learned positions: the most tokens a side can have
+    with training_args.main_process_first(desc="tokenizing"):
+        # The filters apply to the training split only: validation and test sets are scored whole.
+        tokenized, report = tokenize_parallel_dataset(
+            raw, tokenizer, data_args.source_lang, data_args.target_lang,
+            max_source_tokens=min(data_args.max_source_length or max_tokens, position_limit or max_tokens),
+            max_target_tokens=min(data_args.max_target_length or max_tokens, position_limit or max_tokens),
+            max_length_ratio=data_args.max_length_ratio,
+            num_proc=data_args.preprocessing_num_workers,
+            load_from_cache_file=not data_args.overwrite_cache,
+            filter_splits=("train",),
+        )
+        for split in ("validation", "test"):
+            if split in tokenized:
+                where = getattr(data_args, f"{split}_file") or f"{data_args.dataset_name or 'data'}[{split}]"
+                tokenized[split] = truncate_long_sources(tokenized[split], position_limit, tokenizer.eos_token_id,
+                                                         where, warn=training_args.process_index == 0)  # fmt: skip
+    collator = TranslationDataCollator(tokenizer)
+    compute_metrics = None
+    if training_args.predict_with_generate:
+        compute_metrics = make_compute_metrics(tokenizer, data_args.target_lang)
+    trainer = VaswaniSeq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized.get("train"),
+        eval_dataset=tokenized.get("validation"),
+        data_collator=collator,
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+        callbacks=callbacks,
+        max_tokens_per_batch=max_tokens,
+    )
+    result: dict[str, Any] = {"filtered": report.to_dict()}  # what length filtering dropped, per split and rule
+    if training_args.do_train:
+        if "train" not in tokenized:
+            raise ValueError("do_train needs a train split (--train_file, --dataset_name or --synthetic_task).")
+        trainer.train(resume_from_checkpoint=resume)
+        trainer.save_model()
+        trainer.save_state()
+        result["summary"] = trainer.training_summary()
+        if trainer.is_world_process_zero():
+            print("Training summary:\n" + format_summary(result["summary"]), flush=True)
+    if data_args.average_last_checkpoints > 0:
+        if trainer.is_world_process_zero():
+            result["averaged_model"] = average_last_checkpoints(training_args.output_dir,
+                                                                data_args.average_last_checkpoints)
+        trainer.accelerator.wait_for_everyone()  # the other processes wait for rank 0's average, then load it
+        averaged_dir = os.path.join(training_args.output_dir, "averaged")
+        if os.path.isdir(averaged_dir):  # absent on a node that does not share rank 0's file system
+            averaged_model = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)
+            trainer.model = trainer.model_wrapped = averaged_model.to(trainer.args.device)
+    if training_args.do_eval and "validation" in tokenized:
+        result["eval"] = trainer.evaluate(metric_key_prefix="eval")
+    if training_args.do_predict and "test" in tokenized:
+        output = trainer.predict(tokenized["test"], metric_key_prefix="test")
+        result["test"] = output.metrics
+        trainer.log_metrics("test", output.metrics)
+        trainer.save_metrics("test", output.metrics)
+        if trainer.is_world_process_zero() and training_args.predict_with_generate:
+            preds = np.where(output.predictions < 0, tokenizer.pad_token_id, output.predictions)
+            hyps = tokenizer.batch_decode(preds, skip_special_tokens=True)
+            n = min(data_args.num_translation_examples, len(hyps))
+            pairs = raw["test"].select(range(n))["translation"]
+            result["examples"] = [
+                {"source": p[data_args.source_lang], "reference": p[data_args.target_lang], "hypothesis": h}
+                for p, h in zip(pairs, hyps[:n])
+            ]
+            write_lines(hyps, Path(training_args.output_dir, "test_translations.txt"))
+            print(f"Test BLEU {output.metrics.get('test_bleu', float('nan')):.2f}; examples:", flush=True)
+            for ex in result["examples"]:
+                print(f"  src: {ex['source']}\n  ref: {ex['reference']}\n  hyp: {ex['hypothesis']}\n", flush=True)
+    if trainer.is_world_process_zero():
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        if training_args.do_train:
+            trainer.create_model_card(language=[data_args.source_lang, data_args.target_lang])
+        Path(training_args.output_dir, SUMMARY_NAME).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return result
+
+
+def run_from_args(argv: list[str] | None = None, callbacks: list | None = None) -> dict[str, Any]:
+    """Parse a training command line ``argv`` (a recipe file, then flags) and run the job; returns its results."""
+    model_args, data_args, training_args = parse_arguments(argv)
+    return run_training(model_args, data_args, training_args, callbacks=callbacks)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line of training (``scripts/train.py``, ``vaswani-train``)."""
+    run_from_args(argv)
+
+
+__all__ = [
+    "DataTrainingArguments",
+    "ModelArguments",
+    "VaswaniTrainingArguments",
+    "given_arguments",
+    "load_recipe",
+    "main",
+    "parse_arguments",
+    "parse_config_overrides",
+    "preset_training_defaults",
+    "run_from_args",
+    "run_training",
+    "truncate_long_sources",
+]

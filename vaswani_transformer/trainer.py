@@ -1,0 +1,450 @@
+"""Optimisation with the paper's recipe: schedule, Adam, the loss, callbacks and the `Seq2SeqTrainer` subclass.
+
+The recipe (Sections 5.3 and 5.4 of the paper):
+
+* Adam with beta1=0.9, beta2=0.98, eps=1e-9 and no weight decay (:func:`build_optimizer`);
+* ``lr = lr_factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)`` with ``warmup_steps=4000``
+  (:func:`paper_learning_rate`); update number ``n`` (1-based, as in the paper) uses ``step = n``;
+* label smoothing 0.1; no gradient clipping;
+* batches of about ``max_tokens_per_batch`` source and target tokens per device from
+  :class:`vaswani_transformer.data.TokenBatchSampler`; ``tokens_per_update`` (25000 in the paper: 8 GPUs x ~3k)
+  sets ``gradient_accumulation_steps`` (:func:`gradient_accumulation_for`).
+
+Loss normalisation: the label-smoothed cross-entropy (any eps, 0 included) is summed over the target tokens of the
+whole update (all accumulation steps and all processes: transformers' ``num_items_in_batch``) and divided by their
+number, so every target token weighs the same, as in the paper's token batches
+(:meth:`VaswaniSeq2SeqTrainer.compute_loss`).
+
+Distributed: each rank builds the sampler with its own ``rank`` (batch ``j`` of an epoch goes to rank
+``j % num_processes``); the DataLoader is prepared by accelerate for device placement, and the
+``BatchSamplerShard`` wrapper accelerate adds is made a pass-through so the batches are not split twice (the same
+thing transformers does for its own rank-aware ``BatchRebalanceSampler``). DDP all-reduces gradients, so weights
+stay identical across ranks.
+
+Checkpoints: ``save_steps`` and/or ``save_every_minutes`` (the paper: every 10 minutes; the decision is made on
+rank 0 and broadcast), and always the last update (:class:`SaveAtEndCallback`), so the final weights are averaged.
+Tokens and wall time trained so far travel in the checkpoints' trainer state (:class:`TrainingTotalsCallback`), so
+the summary's totals survive resumes.
+
+Faults: a NaN or infinite loss raises :class:`NonFiniteLossError` naming the update and the last complete
+checkpoint (or saying none was written) before the optimizer steps, so the weights and that checkpoint stay good.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from transformers import Seq2SeqTrainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import ExportableState
+
+from .checkpoints import find_last_complete_checkpoint
+from .data import TokenBatchSampler
+from .hub import write_model_card
+
+logger = logging.getLogger(__name__)
+
+LR_SCHEDULES = ("paper", "hf")  # the paper's equation (3), or transformers' schedules with learning_rate
+
+
+# ------------------------------------------------------------------------------------------------- schedule
+
+
+def paper_learning_rate(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
+    """The paper's equation (3): ``factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)``, step >= 1."""
+    if step < 1:
+        raise ValueError(f"step counts updates from 1, got {step}.")
+    if warmup_steps < 1:
+        raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}.")
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def paper_lr_scheduler(
+    optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int, factor: float = 1.0, last_epoch: int = -1
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` giving the ``n``-th optimizer update (n = 1, 2, ...) :func:`paper_learning_rate` of ``n``.
+
+    The optimizer's base learning rate is ignored: the schedule sets absolute rates (the lambda returns the rate
+    divided by the base rate of each parameter group).
+    """
+    if warmup_steps < 1:
+        raise ValueError(f"The paper schedule needs warmup_steps >= 1, got {warmup_steps}.")
+    lambdas = []
+    for group in optimizer.param_groups:
+        base = group.get("initial_lr", group["lr"])
+        if base <= 0:
+            raise ValueError(f"The optimizer's learning rate must be positive, got {base}.")
+        lambdas.append(lambda s, base=base: paper_learning_rate(s + 1, d_model, int(warmup_steps), factor) / base)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas, last_epoch=last_epoch)
+
+
+def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.optim.Optimizer:
+    """Adam with the arguments' betas and eps (paper: 0.9, 0.98, 1e-9). ``weight_decay > 0`` gives AdamW
+    (decoupled decay) on all weights except biases and LayerNorms; the paper uses none.
+
+    On CPU and CUDA it uses PyTorch's fused kernel: the same update in one pass over all parameters instead of one
+    tensor at a time (``benchmarks/training_step_speed.py`` measures it)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = all(p.device.type in ("cpu", "cuda") for p in params) or None
+    common = dict(lr=1.0, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon, fused=fused)
+    if not args.weight_decay:
+        return torch.optim.Adam(params, weight_decay=0.0, **common)
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith("bias") else decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], **common
+    )
+
+
+def gradient_accumulation_for(tokens_per_update: int, max_tokens_per_batch: int, num_processes: int) -> int:
+    """Micro-batches per update so that one update sees about ``tokens_per_update`` tokens (at least 1)."""
+    if tokens_per_update < 1 or max_tokens_per_batch < 1 or num_processes < 1:
+        raise ValueError(
+            f"tokens_per_update ({tokens_per_update}), max_tokens_per_batch ({max_tokens_per_batch}) and the "
+            f"number of processes ({num_processes}) must be positive."
+        )
+    return max(1, round(tokens_per_update / (max_tokens_per_batch * num_processes)))
+
+
+# ------------------------------------------------------------------------------------------------ CPU memory
+
+# glibc's mallopt parameters (malloc.h) and the value set for both: 1 GiB.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _KEEP_BYTES = -1, -3, 1 << 30
+
+
+def keep_freed_cpu_memory() -> bool:
+    """Make glibc's malloc keep freed blocks of up to 1 GiB in the process instead of returning them to the OS.
+
+    Every training step allocates and frees the same large tensors (a batch's logits are 32 MB at 1k tokens x 8k
+    vocabulary). By default glibc serves blocks over 32 MB with mmap and unmaps them when freed, and returns the top
+    of the heap past 128 kB, so every step faults fresh zeroed pages back in. The cost is memory the process keeps
+    between steps (about one step's peak). Returns False where the C library has no ``mallopt`` (not glibc).
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, TypeError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES))
+
+
+# ------------------------------------------------------------------------------------------------- trainer
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training stopped on a NaN or infinite loss (the message names the update); checkpoints stay as they were."""
+
+
+def _rank0_decides(flag: bool) -> bool:
+    """Rank 0's value of ``flag`` on every process (clocks differ between processes; decisions must not)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        tensor = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        if torch.distributed.get_backend() == "nccl":
+            tensor = tensor.cuda()
+        torch.distributed.broadcast(tensor, src=0)
+        return bool(tensor.item())
+    return flag
+
+
+class _WallClockCallback(TrainerCallback):
+    """Whether ``minutes`` of wall time passed since ``start`` (the beginning of training), decided on rank 0."""
+
+    def __init__(self, minutes: float):
+        self.seconds = minutes * 60.0
+        self.start = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+
+    def time_is_up(self) -> bool:
+        return _rank0_decides(time.monotonic() - self.start >= self.seconds)
+
+
+class SaveEveryMinutesCallback(_WallClockCallback):
+    """Ask for a checkpoint when ``minutes`` of wall time passed since the last one (decided on rank 0)."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.time_is_up():
+            control.should_save = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+
+
+class TimeBudgetCallback(_WallClockCallback):
+    """Stop training (saving a final checkpoint) once ``minutes`` of wall time have passed (decided on rank 0)."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.time_is_up():
+            logger.info("max_train_minutes=%s reached at update %d: stopping.", self.seconds / 60, state.global_step)
+            control.should_training_stop = True
+            control.should_save = True
+        return control
+
+
+class TrainingTotalsCallback(TrainerCallback, ExportableState):
+    """Source and target tokens trained on and training wall time since update 1, summed over processes: kept in
+    every checkpoint's ``trainer_state.json`` (``stateful_callbacks``) and read back on resume, so that totals stay
+    totals across resumes (like ``global_step``). ``at_start`` holds the totals when this run began: None when the
+    resumed checkpoint did not record them (then only this run's figures are known)."""
+
+    def __init__(self):
+        self.source, self.target = 0, 0
+        self.at_start: dict[str, Any] | None = {"source": 0, "target": 0, "seconds": 0.0}
+        self.start_step = 0
+        self.run_start: float | None = None
+
+    def run_seconds(self) -> float:
+        """Wall time of this run, from its first update."""
+        return time.time() - self.run_start if self.run_start is not None else 0.0
+
+    def state(self) -> dict:
+        seconds = (self.at_start or {}).get("seconds", 0.0) + self.run_seconds()
+        return {"args": {}, "attributes": {"source": self.source, "target": self.target, "seconds": round(seconds, 3)}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.run_start, self.start_step = None, state.global_step
+        if state.global_step == 0:
+            self.source = self.target = 0
+            self.at_start = {"source": 0, "target": 0, "seconds": 0.0}
+            return
+        # resumed: the state is the checkpoint's
+        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        saved = saved[0] if isinstance(saved, list) and saved else saved
+        attributes = saved.get("attributes", {}) if isinstance(saved, dict) else {}
+        if {"source", "target", "seconds"} <= attributes.keys():
+            self.source, self.target = int(attributes["source"]), int(attributes["target"])
+            self.at_start = {"source": self.source, "target": self.target, "seconds": float(attributes["seconds"])}
+        else:
+            logger.warning("The resumed checkpoint does not record the tokens and time trained before it: the "
+                           "training summary gives this run's figures only.")
+            self.source = self.target = 0
+            self.at_start = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.run_start is None:
+            self.run_start = time.time()
+
+
+class SaveAtEndCallback(TrainerCallback):
+    """Save a checkpoint at the last update (once: nothing more when that update is saved anyway), so that the end of
+    training is a checkpoint like the others, also with time-based saves or ``save_strategy="no"``, and is averaged."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_training_stop or state.global_step >= state.max_steps:
+            control.should_save = True
+        return control
+
+
+class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with the paper's optimizer and schedule, token batches and a NaN/inf guard.
+
+    Args (besides the Trainer's): ``max_tokens_per_batch`` for the :class:`~vaswani_transformer.data.TokenBatchSampler`
+    (``None``: the Trainer's usual sentence batches).
+    """
+
+    def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.train_sampler = None
+        self.add_callback(TrainingTotalsCallback())
+        if getattr(self.args, "save_every_minutes", None):
+            self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))
+        if getattr(self.args, "max_train_minutes", None):
+            self.add_callback(TimeBudgetCallback(self.args.max_train_minutes))
+        self.add_callback(SaveAtEndCallback())  # after the callbacks that stop training
+
+    # -- optimisation
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            self.optimizer = build_optimizer(self.model if model is None else model, self.args)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if getattr(self.args, "lr_schedule", "hf") != "paper":
+            if self.optimizer is not None and self.lr_scheduler is None:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = self.args.learning_rate
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            d_model = self.accelerator.unwrap_model(self.model).config.d_model
+            self.lr_scheduler = paper_lr_scheduler(
+                optimizer or self.optimizer, d_model, int(self.args.warmup_steps), self.args.lr_factor
+            )
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    # -- data
+    def get_train_dataloader(self):
+        """Token batches (:class:`~vaswani_transformer.data.TokenBatchSampler`, built from the dataset's length
+        columns) for this rank, as the DataLoader's ``batch_sampler``; the Trainer calls its ``set_epoch``."""
+        if self.max_tokens_per_batch is None:
+            return super().get_train_dataloader()
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        self.train_sampler = TokenBatchSampler.from_dataset(
+            self.train_dataset,
+            self.max_tokens_per_batch,
+            num_replicas=self.args.world_size,
+            rank=self.args.process_index,
+            seed=self.args.seed,
+        )
+        loader = DataLoader(
+            self.train_dataset,
+            batch_sampler=self.train_sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+        )
+        loader = self.accelerator.prepare(loader)
+        # The sampler already gives each rank its own batches: make accelerate's BatchSamplerShard a pass-through.
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is self.train_sampler:
+            shard.num_processes, shard.process_index = 1, 0
+        return loader
+
+    # -- loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Label-smoothed cross-entropy in one fused ``F.cross_entropy(label_smoothing=...)`` call, for every eps.
+
+        The same value as transformers' ``LabelSmoother`` ((1 - eps) * NLL + eps * mean over the vocabulary of -log p,
+        per non-padding target token; summed and divided by ``num_items_in_batch`` when the Trainer gives it), without
+        materialising the log-probabilities several times. eps = 0 (no ``label_smoother``) takes the same path: the
+        model's own loss is a per-micro-batch mean, which the Trainer would take as already normalised by
+        ``num_items_in_batch`` (wrong under accumulation or several processes). The labels stay out of the forward
+        call (the model would compute its own loss too); the model's ``prepare_decoder_input_ids_from_labels``, the
+        one rule that shifts labels, gives the decoder inputs.
+        """
+        if self.compute_loss_func is not None or "labels" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        epsilon = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        if "decoder_input_ids" not in inputs:
+            inputs["decoder_input_ids"] = self.accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(
+                labels
+            )
+        outputs = model(**inputs)
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        summed = torch.nn.functional.cross_entropy(
+            logits.float().flatten(0, 1), labels.to(logits.device).flatten(), ignore_index=-100,
+            label_smoothing=epsilon, reduction="sum",
+        )  # fmt: skip
+        if num_items_in_batch is None:
+            loss = summed / (labels != -100).sum().clamp(min=1)
+        else:
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.to(summed.device)
+            loss = summed / num_items_in_batch
+            if self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs:
+                loss = loss * self.accelerator.num_processes  # as Trainer.compute_loss: DDP averages gradients
+        return (loss, outputs) if return_outputs else loss
+
+    # -- guard and counters
+    @property
+    def totals(self) -> TrainingTotalsCallback:
+        """The training totals (the callback object itself: the Trainer may replace it when restoring callbacks)."""
+        return next(cb for cb in self.callback_handler.callbacks if isinstance(cb, TrainingTotalsCallback))
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        target = int((inputs["labels"] != -100).sum()) if "labels" in inputs else 0
+        source = int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else 0
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        # One reduction gives every process the finite flag and the token counts of all processes.
+        local = torch.tensor([int(torch.isfinite(loss.detach()).all()), source, target], dtype=torch.int64)
+        total = local if self.args.world_size == 1 else self.accelerator.reduce(local.to(loss.device), "sum").cpu()
+        totals = self.totals
+        totals.source += int(total[1])
+        totals.target += int(total[2])
+        if int(total[0]) != self.args.world_size:
+            last = find_last_complete_checkpoint(self.args.output_dir, quarantine=False)
+            saved = (f"The last checkpoint, {last}, is from before this update." if last is not None
+                     else f"No checkpoint was written in {self.args.output_dir}.")  # fmt: skip
+            raise NonFiniteLossError(
+                f"Non-finite loss ({loss.item()}) at update {self.state.global_step + 1}: training stopped before "
+                f"the optimizer step. {saved} Lower the peak learning rate (lr_factor) or disable fp16."
+            )
+        return loss
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """Resuming loads ``model.safetensors`` with ``load_state_dict(strict=False)``: the tied copies of the shared
+        embedding (stored once by ``save_pretrained``) come back as "missing" though loading the shared matrix
+        filled them. Only keys that are really absent are reported."""
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        missing = set(load_result.missing_keys)
+        really_missing = [k for k in load_result.missing_keys if not (k in tied and tied[k] not in missing)]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=really_missing))
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        """Loss on the batch plus ``generate`` from the source only (the model's generation config: the paper's
+        beam search). Unlike `Seq2SeqTrainer`, ``labels`` are not passed to ``generate``."""
+        if not self.args.predict_with_generate or prediction_loss_only:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        inputs = self._prepare_inputs(inputs)
+        if not gen_kwargs and hasattr(self, "_gen_kwargs"):
+            gen_kwargs = self._gen_kwargs.copy()
+        gen_kwargs = {k: v for k, v in gen_kwargs.items() if not (k in ("num_beams", "max_length") and v is None)}
+        generation_inputs = {k: inputs[k] for k in ("input_ids", "attention_mask") if k in inputs}
+        unwrapped = self.accelerator.unwrap_model(model)
+        with torch.no_grad():
+            generated = unwrapped.generate(**generation_inputs, **gen_kwargs)
+            loss = None
+            labels = inputs.get("labels")
+            if labels is not None:
+                with self.compute_loss_context_manager():
+                    loss = self.compute_loss(model, dict(inputs)).detach()
+        return loss, generated, labels
+
+    def create_model_card(self, *args, **kwargs):
+        """The project's card, pipeline code and generation config in ``output_dir`` (``hub.write_model_card``)."""
+        if args:
+            raise TypeError("create_model_card takes keyword arguments only.")
+        return write_model_card(self.args.output_dir, trainer=self, **kwargs)
+
+    def training_summary(self) -> dict[str, Any]:
+        """What training did, summed over processes. ``updates``, ``*_tokens_seen``, ``wall_time_seconds`` and
+        ``target_tokens_per_second`` cover all training since update 1 (carried across resumes in the checkpoints;
+        None when a resumed checkpoint did not record them); the ``*_this_run`` figures cover this run only."""
+        totals, start = self.totals, self.totals.at_start
+        run_seconds = totals.run_seconds()
+        updates = int(self.state.global_step)
+        run = {
+            "updates": updates - totals.start_step,
+            "source_tokens": totals.source - (start or {}).get("source", 0),
+            "target_tokens": totals.target - (start or {}).get("target", 0),
+            "wall_time_seconds": round(run_seconds, 2),
+        }
+        seconds = start["seconds"] + run_seconds if start is not None else None
+        return {
+            "updates": updates,
+            "source_tokens_seen": totals.source if start is not None else None,
+            "target_tokens_seen": totals.target if start is not None else None,
+            "wall_time_seconds": round(seconds, 2) if seconds is not None else None,
+            "target_tokens_per_second": round(totals.target / seconds, 1) if seconds else None,
+            **{f"{k}_this_run": v for k, v in run.items()},
+            "num_processes": int(self.args.world_size),
+        }
+
+
+__all__ = [
+    "LR_SCHEDULES",
+    "NonFiniteLossError",
+    "SaveAtEndCallback",
+    "SaveEveryMinutesCallback",
+    "TimeBudgetCallback",
+    "TrainingTotalsCallback",
+    "VaswaniSeq2SeqTrainer",
+    "build_optimizer",
+    "gradient_accumulation_for",
+    "keep_freed_cpu_memory",
+    "paper_learning_rate",
+    "paper_lr_scheduler",
+]

@@ -83,7 +83,9 @@ class VaswaniTransformerConfig(PreTrainedConfig):
         network; 0.0 as in the paper.
     share_embeddings (`bool`): one matrix for source embeddings, target embeddings and the pre-softmax projection.
     scale_embedding (`bool`): multiply embeddings by sqrt(d_model).
-    position_encoding (`str`): "sinusoidal" (the paper) or "learned" (Table 3 row E).
+    position_encoding (`str`): "sinusoidal" (the paper's formula), "learned" (Table 3 row E) or "tensor2tensor" (the
+        authors' code and fairseq: sines and cosines as concatenated halves, frequencies 10000^(-i/(d_model/2 - 1))).
+    position_offset (`int`): number of the first position of the computed encodings (fairseq: padding index + 1).
     max_position_embeddings (`int`): number of learned positions; unused by sinusoidal encodings (no length limit).
     init_std (`float`, *optional*): standard deviation of the embedding initialisation; default d_model ** -0.5.
     """
@@ -110,6 +112,7 @@ class VaswaniTransformerConfig(PreTrainedConfig):
     share_embeddings: bool = True
     scale_embedding: bool = True
     position_encoding: str = "sinusoidal"
+    position_offset: int = 0
     max_position_embeddings: int = 1024
     init_std: float | None = None
     use_cache: bool = True
@@ -145,10 +148,18 @@ class VaswaniTransformerConfig(PreTrainedConfig):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"`{name}` must be in [0, 1), got {value}.")
-        if self.position_encoding not in ("sinusoidal", "learned"):
+        if self.position_encoding not in ("sinusoidal", "learned", "tensor2tensor"):
             raise ValueError(
-                f"`position_encoding` must be 'sinusoidal' or 'learned', got {self.position_encoding!r}."
+                "`position_encoding` must be 'sinusoidal' or 'learned' (the paper) or 'tensor2tensor' (the authors' "
+                f"code), got {self.position_encoding!r}."
             )
+        if self.position_offset < 0 or (self.position_offset and self.position_encoding == "learned"):
+            raise ValueError(
+                f"`position_offset` must be 0 or more, and 0 with learned positions, got {self.position_offset} "
+                f"with position_encoding={self.position_encoding!r}."
+            )
+        if self.position_encoding == "tensor2tensor" and self.d_model < 4:
+            raise ValueError(f"position_encoding='tensor2tensor' needs d_model >= 4, got {self.d_model}.")
         if self.init_std is not None and self.init_std <= 0:
             raise ValueError(f"`init_std` must be positive or None, got {self.init_std}.")
 

@@ -51,15 +51,32 @@ def sinusoidal_position_encoding(
     return encoding.to(dtype)
 
 
+def tensor2tensor_position_encoding(
+    num_positions: int, d_model: int, offset: int | torch.Tensor = 0, device=None, dtype=torch.float32
+) -> torch.Tensor:
+    """The authors' code (tensor2tensor, fairseq): [sin(pos w_i) | cos(pos w_i)], w_i = 10000^(-i/(d_model/2 - 1))."""
+    positions = torch.arange(num_positions, device=device, dtype=torch.float32) + offset
+    half = d_model // 2
+    frequencies = torch.exp(torch.arange(half, device=device, dtype=torch.float32) * -(math.log(10000.0) / (half - 1)))
+    angles = positions[:, None] * frequencies[None, :]
+    encoding = torch.zeros(num_positions, d_model, device=device, dtype=torch.float32)  # odd d_model: last column 0
+    encoding[:, :half] = torch.sin(angles)
+    encoding[:, half : 2 * half] = torch.cos(angles)
+    return encoding.to(dtype)
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """Section 3.5: fixed sinusoids, computed at run time for any length (no parameters, nothing in the checkpoint)."""
 
-    def __init__(self, d_model: int):
+    def __init__(self, d_model: int, layout: str = "sinusoidal", position_offset: int = 0):
         super().__init__()
         self.d_model = d_model
+        self.position_offset = position_offset
+        self.encode = tensor2tensor_position_encoding if layout == "tensor2tensor" else sinusoidal_position_encoding
 
     def forward(self, seq_len: int, offset: int | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return sinusoidal_position_encoding(seq_len, self.d_model, offset, device=like.device, dtype=like.dtype)
+        offset = offset + self.position_offset
+        return self.encode(seq_len, self.d_model, offset, device=like.device, dtype=like.dtype)
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
@@ -85,7 +102,9 @@ class TransformerEmbedding(nn.Module):
         if config.position_encoding == "learned":
             self.embed_positions = LearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
         else:
-            self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
+            self.embed_positions = SinusoidalPositionalEncoding(
+                config.d_model, config.position_encoding, config.position_offset
+            )
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids=None, inputs_embeds=None, offset: int | torch.Tensor = 0) -> torch.Tensor:
@@ -540,6 +559,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         self.lm_head = value
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Decoder inputs for ``labels``: the one place labels are shifted (``forward``, the trainer's loss)."""
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     @can_return_tuple
@@ -598,4 +618,5 @@ __all__ = [
     "VaswaniTransformerModel",
     "VaswaniTransformerForConditionalGeneration",
     "sinusoidal_position_encoding",
+    "tensor2tensor_position_encoding",
 ]

@@ -1,0 +1,228 @@
+"""CTranslate2 export: the exported model scores and translates as ours does (float32: token for token)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+import torch
+
+from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
+from vaswani_transformer.synthetic import generate_pairs
+from vaswani_transformer.tokenization import config_kwargs_from_tokenizer, train_tokenizer
+
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+from vaswani_transformer.ctranslate2_export import (  # noqa: E402
+    check_quantization,
+    export_ctranslate2,
+    load_translator,
+    main,
+    translate_lines_ctranslate2,
+    translate_tokens,
+)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def train_tiny_translator(steps: int = 250):
+    """(model, tokenizer, test pairs): a 2+2-layer model trained a few seconds on the toy `reverse` task, so that it
+    ends its sentences (with imperfect translations, where beam search matters)."""
+    pairs = generate_pairs("reverse", {"train": 3000, "test": 64}, seed=0, max_words=6)
+    tokenizer = train_tokenizer([s for pair in pairs["train"] for s in pair], vocab_size=400, show_progress=False)
+    torch.manual_seed(0)
+    config = VaswaniTransformerConfig(d_model=64, encoder_layers=2, decoder_layers=2, num_heads=4, d_ff=128,
+                                      dropout=0.0, **config_kwargs_from_tokenizer(tokenizer))  # fmt: skip
+    model = VaswaniTransformerForConditionalGeneration(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    train = pairs["train"]
+    for step in range(steps):
+        batch = [train[(step * 32 + i) % len(train)] for i in range(32)]
+        inputs = tokenizer([s for s, _ in batch], return_tensors="pt", padding=True)
+        labels = tokenizer([t for _, t in batch], return_tensors="pt", padding=True).input_ids
+        loss = model(**inputs, labels=labels.masked_fill(labels == tokenizer.pad_token_id, -100)).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval(), tokenizer, pairs["test"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The trained tiny model saved, and its float32 and int8 CTranslate2 exports."""
+    folder = tmp_path_factory.mktemp("ct2")
+    model, tokenizer, test_pairs = train_tiny_translator()
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    export_ctranslate2(str(folder / "model"), str(folder / "float32"))
+    export_ctranslate2(str(folder / "model"), str(folder / "int8"), quantization="int8")
+    return model, tokenizer, test_pairs, folder
+
+
+def ours(model, tokenizer, sources_ids, **generate_kwargs) -> list[list[int]]:
+    """Our `generate` on one right-padded batch; the generated ids without the start token, `</s>` and padding."""
+    batch = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in sources_ids], batch_first=True)
+    with torch.no_grad():
+        output = model.generate(input_ids=batch, attention_mask=(batch != 0).long(), **generate_kwargs)
+    specials = (tokenizer.pad_token_id, tokenizer.eos_token_id)
+    return [[i for i in row.tolist()[1:] if i not in specials] for row in output]
+
+
+def exported(translator, tokenizer, sources_ids, **kwargs) -> list[list[int]]:
+    sources = [tokenizer.convert_ids_to_tokens(ids) for ids in sources_ids]
+    return [tokenizer.convert_tokens_to_ids(h[0]) for h in translate_tokens(translator, sources, **kwargs)]
+
+
+def random_sources(tokenizer, count: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 9, (count,), generator=generator).tolist()
+    return [torch.randint(4, len(tokenizer), (n,), generator=generator).tolist() + [2] for n in lengths]
+
+
+def float64_log_probs(model, source_ids, target_ids) -> list[float]:
+    """log P(y_t | y_<t, x) of each target token and the final `</s>`, from a float64 copy of our model."""
+    reference = VaswaniTransformerForConditionalGeneration(model.config).double().eval()
+    reference.load_state_dict(model.state_dict())
+    decoder_input = [model.config.decoder_start_token_id] + target_ids
+    with torch.no_grad():
+        logits = reference(input_ids=torch.tensor([source_ids]), decoder_input_ids=torch.tensor([decoder_input])).logits
+    log_probs = torch.log_softmax(logits[0], dim=-1)
+    return [float(log_probs[t, token]) for t, token in enumerate(target_ids + [model.config.eos_token_id])]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"position_encoding": "tensor2tensor", "position_offset": 2},  # fairseq's layout and offset
+        {"d_k": 8, "d_v": 8, "scale_embedding": False},  # d_k * h != d_model (Table 3 rows A and B)
+        {"position_encoding": "learned", "max_position_embeddings": 40, "share_embeddings": False},
+    ],
+)
+def test_exported_log_probs_equal_a_float64_forward(trained, tmp_path, fields):
+    """CTranslate2's `score_batch` of the export against our model's forward pass in float64, for each positional
+    layout, scaled or unscaled embeddings, d_k * h != d_model, and separate embeddings and output projection."""
+    _, tokenizer, _, _ = trained
+    torch.manual_seed(5)
+    config = VaswaniTransformerConfig(d_model=32, encoder_layers=2, decoder_layers=2, num_heads=2, d_ff=64,
+                                      dropout=0.0, **config_kwargs_from_tokenizer(tokenizer), **fields)  # fmt: skip
+    model = VaswaniTransformerForConditionalGeneration(config).eval()
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    export_ctranslate2(str(tmp_path / "model"), str(tmp_path / "ct2"))
+    translator, _, _ = load_translator(str(tmp_path / "ct2"), intra_threads=1)
+    sources = random_sources(tokenizer, 6, seed=1)
+    targets = [ids[:-1] for ids in random_sources(tokenizer, 6, seed=2)]
+    results = translator.score_batch([tokenizer.convert_ids_to_tokens(s) for s in sources],
+                                     [tokenizer.convert_ids_to_tokens(t) for t in targets])  # fmt: skip
+    for source, target, result in zip(sources, targets, results):
+        expected = float64_log_probs(model, source, target)
+        assert result.log_probs == pytest.approx(expected, abs=2e-4)
+
+
+def test_float32_greedy_and_beam_equal_ours_token_for_token(trained):
+    """Greedy, and beam 4 with transformers' length penalty (CTranslate2's |Y|^alpha), on the test sources and on
+    random token sequences: the same tokens for every sentence."""
+    model, tokenizer, test_pairs, folder = trained
+    translator, _, _ = load_translator(str(folder / "float32"), intra_threads=1)
+    test_sources = [tokenizer(s).input_ids for s, _ in test_pairs]
+    for sources in (test_sources, random_sources(tokenizer, 32, seed=3)):
+        for num_beams in (1, 4):
+            expected = ours(model, tokenizer, sources, num_beams=num_beams, length_penalty=0.6,
+                            length_penalty_type="transformers")  # fmt: skip
+            got = exported(translator, tokenizer, sources, num_beams=num_beams, length_penalty=0.6)
+            assert got == expected, f"num_beams={num_beams}"
+    # The trained model ends sentences itself (the equality is not only at the length limit).
+    limits = {len(s) + 50 for s in test_sources}
+    assert all(len(h) + 1 < min(limits) for h in expected)
+
+
+def test_int8_stays_within_one_bleu_of_float32(trained):
+    model, tokenizer, test_pairs, folder = trained
+    references = [[t for _, t in test_pairs]]
+    lines = [s for s, _ in test_pairs]
+    scores = {}
+    for name in ("float32", "int8"):
+        translator, loaded_tokenizer, _ = load_translator(str(folder / name), intra_threads=1)
+        hypotheses = translate_lines_ctranslate2(translator, loaded_tokenizer, lines, num_beams=4, length_penalty=0.6)
+        scores[name] = sacrebleu.corpus_bleu(hypotheses, references).score
+    assert scores["float32"] > 20  # a model that translates, so that the distance means something
+    assert abs(scores["int8"] - scores["float32"]) <= 1.0, scores
+
+
+def test_translate_lines_one_output_per_line(trained):
+    model, tokenizer, test_pairs, folder = trained
+    translator, loaded_tokenizer, defaults = load_translator(str(folder / "float32"), intra_threads=1)
+    assert defaults["num_beams"] == 4 and defaults["length_penalty"] == 0.6  # the model's decoding defaults travel
+    lines = [test_pairs[0][0], "", "   ", test_pairs[1][0], test_pairs[2][0]]
+    got = translate_lines_ctranslate2(translator, loaded_tokenizer, lines, max_tokens=8, num_beams=1)
+    sources = [tokenizer(line).input_ids for line in (lines[0], lines[3], lines[4])]
+    expected = [tokenizer.decode(ids) for ids in ours(model, tokenizer, sources, num_beams=1)]
+    assert got == [expected[0], "", "", expected[1], expected[2]]
+
+
+def test_bad_input_is_a_clear_error(trained, tmp_path):
+    from transformers import MarianConfig, MarianMTModel
+
+    *_, folder = trained
+    with pytest.raises(ValueError, match="'int4'.*not supported"):
+        check_quantization("int4")
+    marian = MarianMTModel(MarianConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1,
+                                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                        decoder_ffn_dim=32, pad_token_id=0, decoder_start_token_id=0))  # fmt: skip
+    marian.save_pretrained(tmp_path / "marian")
+    with pytest.raises(ValueError, match="'marian' model, not a vaswani_transformer one"):
+        export_ctranslate2(str(tmp_path / "marian"), str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="not a CTranslate2 model folder"):
+        load_translator(str(folder / "model"))
+    model, tokenizer, _, _ = trained
+    config = VaswaniTransformerConfig(d_model=32, encoder_layers=1, decoder_layers=1, num_heads=2, d_ff=32, d_k=8,
+                                      d_v=16, **config_kwargs_from_tokenizer(tokenizer))  # fmt: skip
+    VaswaniTransformerForConditionalGeneration(config).save_pretrained(tmp_path / "dv")
+    tokenizer.save_pretrained(tmp_path / "dv")
+    with pytest.raises(ValueError, match="CTranslate2 needs d_k == d_v; this model has d_k=8, d_v=16"):
+        export_ctranslate2(str(tmp_path / "dv"), str(tmp_path / "out"))
+
+
+def test_export_script(trained, tmp_path, capsys):
+    *_, folder = trained
+    command = [sys.executable, os.path.join(REPO, "scripts", "export_ctranslate2.py"), "--model_name_or_path",
+               str(folder / "model"), "--output_dir", str(tmp_path / "out"),
+               "--quantization", "int8_float32"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr
+    for name in ("model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json", "README_ctranslate2.md"):
+        assert (tmp_path / "out" / name).exists(), name
+    snippet = (tmp_path / "out" / "README_ctranslate2.md").read_text().split("```python\n")[1].split("```")[0]
+    snippet = snippet.replace("path/to/this/folder", str(tmp_path / "out"))
+    result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, env=ENV, timeout=300)
+    assert result.returncode == 0 and result.stdout.startswith("['"), result.stderr  # the folder's README snippet runs
+    # Errors, in process (the same `main`): an existing folder without --force, a quantization it does not offer.
+    assert main(command[2:]) == 1 and "already exists, use --force" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(command[2:-1] + ["int3"])
+    assert exit_info.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
+
+
+def test_translate_cli_engine_ctranslate2(trained, tmp_path):
+    """`translate --engine ctranslate2` on an export: one line per input line, with the folder's decoding defaults
+    (beam 4, alpha 0.6), the output of our model with `length_penalty_type="transformers"`."""
+    from vaswani_transformer.translate import main as translate_main
+
+    model, tokenizer, test_pairs, folder = trained
+    lines = [s for s, _ in test_pairs[:6]]
+    lines.insert(2, "")
+    (tmp_path / "input.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["--engine", "ctranslate2", "--model_name_or_path", str(folder / "float32"), "--input",
+            str(tmp_path / "input.txt"), "--output", str(tmp_path / "output.txt"), "--max_tokens", "40"]  # fmt: skip
+    assert translate_main(argv) == 0
+    written = (tmp_path / "output.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    sources = [tokenizer(line).input_ids for line in lines if line]
+    expected = [tokenizer.decode(ids) for ids in ours(model, tokenizer, sources, num_beams=4, length_penalty=0.6,
+                                                       length_penalty_type="transformers")]  # fmt: skip
+    expected.insert(2, "")
+    assert written == expected
+    assert translate_main(argv[:3] + [str(folder / "model")] + argv[4:]) == 1  # not an export: an error line

@@ -1,0 +1,375 @@
+"""Export our models to CTranslate2 and translate with the export.
+
+`VaswaniTransformerConverter` is a `ctranslate2.converters.Converter`: it fills CTranslate2's own `TransformerSpec`
+with our weights (post-LN layers, ReLU, embeddings scaled by sqrt(d_model) or not, our positional encodings as an
+explicit table, the tied output projection, the shared vocabulary), and CTranslate2 quantizes and saves it. The
+exported folder also holds our tokenizer, so one folder translates text. `translate_lines_ctranslate2` translates
+lines with it as `translate.py` does with our model (same token batches, one output line per input line).
+
+CTranslate2's beam search ranks finished hypotheses by log P / |Y|^alpha: transformers' rule, which our models use
+with `length_penalty_type="transformers"`; the paper's GNMT penalty ((5 + |Y|) / 6)^alpha has no equivalent there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterable, Sequence
+
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from .configuration_vaswani_transformer import VaswaniTransformerConfig
+from .data import TokenBatchSampler
+from .modeling_vaswani_transformer import VaswaniTransformerForConditionalGeneration
+from .textio import read_lines, write_lines
+
+
+try:  # an optional dependency: `pip install vaswani-transformer[ctranslate2]`
+    import ctranslate2
+    from ctranslate2.converters import utils as ct2_utils
+    from ctranslate2.converters.converter import Converter
+    from ctranslate2.specs import common_spec, transformer_spec
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+except ImportError:  # pragma: no cover - the error is raised where it is needed
+    ctranslate2 = None
+    Converter = object
+    ACCEPTED_MODEL_TYPES = ()
+
+logger = logging.getLogger(__name__)
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16")
+README_NAME = "README_ctranslate2.md"
+_INSTALL_HINT = "CTranslate2 is not installed: pip install 'vaswani-transformer[ctranslate2]' (or ctranslate2)."
+
+
+def _require_ctranslate2():
+    if ctranslate2 is None:
+        raise ImportError(_INSTALL_HINT)
+
+
+def check_quantization(quantization: str | None) -> None:
+    """Raise a ValueError naming the quantization when the installed CTranslate2 cannot store it."""
+    _require_ctranslate2()
+    if quantization is not None and quantization not in ACCEPTED_MODEL_TYPES:
+        raise ValueError(
+            f"Quantization {quantization!r} is not supported by the installed CTranslate2 {ctranslate2.__version__} "
+            f"(it accepts {', '.join(ACCEPTED_MODEL_TYPES)})."
+        )
+
+
+def load_our_model(model_name_or_path: str, revision: str | None = None):
+    """(model, tokenizer) of one of our model folders or Hub ids; a ValueError naming the model type otherwise."""
+    config = AutoConfig.from_pretrained(model_name_or_path, revision=revision)
+    if not isinstance(config, VaswaniTransformerConfig):
+        raise ValueError(
+            f"{model_name_or_path} holds a {config.model_type!r} model, not a vaswani_transformer one: this exporter "
+            "converts only our models (use `ct2-transformers-converter` for transformers' own architectures)."
+        )
+    model = VaswaniTransformerForConditionalGeneration.from_pretrained(
+        model_name_or_path, revision=revision, dtype=torch.float32
+    ).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, revision=revision)
+    return model, tokenizer
+
+
+def position_table(stack, num_positions: int) -> torch.Tensor:
+    """The encodings an encoder or decoder adds at positions 0..num_positions-1 (any layout), shape (n, d_model)."""
+    like = torch.zeros(1, dtype=torch.float32)
+    return stack.embedding.embed_positions(num_positions, 0, like=like).detach()
+
+
+def vocabulary(tokenizer, vocab_size: int) -> list[str]:
+    """Token strings by id, padded to the model's vocabulary size with tokens that never occur."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    if len(tokens) > vocab_size:
+        raise ValueError(f"The tokenizer has {len(tokens)} tokens but the model only {vocab_size} embeddings.")
+    return tokens + [f"<unused{i}>" for i in range(vocab_size - len(tokens))]
+
+
+def _linear(spec, module: torch.nn.Linear):
+    spec.weight = module.weight.detach()
+    if module.bias is not None:
+        spec.bias = module.bias.detach()
+
+
+def _layer_norm(spec, module: torch.nn.LayerNorm):
+    spec.gamma, spec.beta = module.weight.detach(), module.bias.detach()
+
+
+def _attention(spec, attention, self_attention: bool):
+    """CTranslate2 fuses Q, K, V in self-attention and K, V in encoder-decoder attention."""
+    split = [common_spec.LinearSpec() for _ in range(3)]
+    for part, module in zip(split, (attention.q_proj, attention.k_proj, attention.v_proj)):
+        _linear(part, module)
+    if self_attention:
+        ct2_utils.fuse_linear(spec.linear[0], split)
+    else:
+        ct2_utils.fuse_linear(spec.linear[0], split[:1])
+        ct2_utils.fuse_linear(spec.linear[1], split[1:])
+    _linear(spec.linear[-1], attention.o_proj)
+
+
+def _stack(spec, stack, max_positions: int):
+    embedding = stack.embedding
+    spec.scale_embeddings = float(embedding.scale)
+    spec.position_encodings.encodings = position_table(stack, max_positions)
+    (spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings).weight = (
+        embedding.embed_tokens.weight.detach()
+    )
+    for layer_spec, layer in zip(spec.layer, stack.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, self_attention=True)
+        _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_residual.layer_norm)
+        if hasattr(layer, "encoder_attn"):
+            _attention(layer_spec.attention, layer.encoder_attn, self_attention=False)
+            _layer_norm(layer_spec.attention.layer_norm, layer.encoder_attn_residual.layer_norm)
+        _linear(layer_spec.ffn.linear_0, layer.feed_forward.w1)
+        _linear(layer_spec.ffn.linear_1, layer.feed_forward.w2)
+        _layer_norm(layer_spec.ffn.layer_norm, layer.feed_forward_residual.layer_norm)
+
+
+def transformer_spec_of(model: VaswaniTransformerForConditionalGeneration, tokenizer, max_positions: int | None = None):
+    """CTranslate2's `TransformerSpec` holding our model: post-LN, ReLU, our position table, tied projection."""
+    _require_ctranslate2()
+    config = model.config
+    if config.head_dim_k != config.head_dim_v:
+        raise ValueError(
+            f"CTranslate2 needs d_k == d_v; this model has d_k={config.head_dim_k}, d_v={config.head_dim_v}."
+        )
+    if config.position_encoding == "learned":
+        max_positions = min(max_positions or config.max_position_embeddings, config.max_position_embeddings)
+    max_positions = max_positions or config.max_position_embeddings
+    head_dim = config.head_dim_k
+    encoder = transformer_spec.TransformerEncoderSpec(
+        config.encoder_layers, config.num_heads, pre_norm=False, activation=common_spec.Activation.RELU,
+        head_dim=head_dim,
+    )  # fmt: skip
+    decoder = transformer_spec.TransformerDecoderSpec(
+        config.decoder_layers, config.num_heads, pre_norm=False, activation=common_spec.Activation.RELU,
+        head_dim=head_dim,
+    )  # fmt: skip
+    spec = transformer_spec.TransformerSpec(encoder, decoder)
+    _stack(spec.encoder, model.model.encoder, max_positions)
+    _stack(spec.decoder, model.model.decoder, max_positions)
+    _linear(spec.decoder.projection, model.lm_head)
+
+    spec.config.layer_norm_epsilon = model.model.encoder.layers[0].self_attn_residual.layer_norm.eps
+    ids = tokenizer.convert_ids_to_tokens
+    spec.config.unk_token = tokenizer.unk_token
+    spec.config.bos_token = ids(config.bos_token_id)
+    spec.config.eos_token = ids(config.eos_token_id if isinstance(config.eos_token_id, int) else config.eos_token_id[0])
+    spec.config.decoder_start_token = ids(config.decoder_start_token_id)
+    tokens = vocabulary(tokenizer, config.vocab_size)
+    spec.register_source_vocabulary(tokens)
+    spec.register_target_vocabulary(tokens)
+    return spec
+
+
+class VaswaniTransformerConverter(Converter):
+    """CTranslate2 converter of our model folders (local or Hub id); `convert(output_dir, quantization=...)`."""
+
+    def __init__(self, model_name_or_path: str, revision: str | None = None, max_positions: int | None = None):
+        _require_ctranslate2()
+        self.model_name_or_path = model_name_or_path
+        self.revision = revision
+        self.max_positions = max_positions
+        self.tokenizer = None
+        self.generation_config = None
+
+    def _load(self):
+        model, self.tokenizer = load_our_model(self.model_name_or_path, self.revision)
+        self.generation_config = model.generation_config
+        with torch.no_grad():
+            return transformer_spec_of(model, self.tokenizer, self.max_positions)
+
+
+def export_ctranslate2(
+    model_name_or_path: str,
+    output_dir: str,
+    quantization: str | None = None,
+    force: bool = False,
+    revision: str | None = None,
+    max_positions: int | None = None,
+) -> str:
+    """Convert one of our models into a CTranslate2 model folder that also holds the tokenizer; returns the folder."""
+    check_quantization(quantization)
+    converter = VaswaniTransformerConverter(model_name_or_path, revision=revision, max_positions=max_positions)
+    output_dir = converter.convert(output_dir, quantization=quantization, force=force)
+    converter.tokenizer.save_pretrained(output_dir)
+    # Decoding defaults (beam size, alpha, length rule) for `translate.py --engine ctranslate2`.
+    converter.generation_config.save_pretrained(output_dir)
+    with open(os.path.join(output_dir, README_NAME), "w", encoding="utf-8") as f:
+        f.write(_readme(model_name_or_path, quantization))
+    return output_dir
+
+
+def _readme(source: str, quantization: str | None) -> str:
+    return f"""# CTranslate2 export of {source}
+
+Converted by `vaswani-export-ctranslate2` (weights: {quantization or "as saved"}). The folder holds the tokenizer too:
+
+```python
+import ctranslate2
+from transformers import AutoTokenizer
+
+folder = "path/to/this/folder"
+translator = ctranslate2.Translator(folder, device="cpu", compute_type="default")
+tokenizer = AutoTokenizer.from_pretrained(folder)
+sources = [tokenizer.convert_ids_to_tokens(tokenizer(line).input_ids) for line in ["A man rides a bike."]]
+results = translator.translate_batch(sources, beam_size=4, length_penalty=0.6, min_decoding_length=0,
+                                     return_end_token=True)  # |Y| counts </s>, as in transformers
+print([tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True) for r in results])
+```
+
+The length penalty is CTranslate2's log P / |Y|^alpha (the paper used the GNMT penalty ((5 + |Y|) / 6)^alpha), so beam
+search gives what `model.generate(..., length_penalty_type="transformers")` gives, not the paper's rule.
+Or: `vaswani-translate --engine ctranslate2 --model_name_or_path path/to/this/folder`.
+"""
+
+
+def _generation_defaults(model_dir: str) -> dict:
+    path = os.path.join(model_dir, "generation_config.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load_translator(model_dir: str, device: str = "cpu", compute_type: str = "default", inter_threads: int = 1,
+                    intra_threads: int = 0):  # fmt: skip
+    """(ctranslate2.Translator, tokenizer, generation defaults) of an exported folder."""
+    _require_ctranslate2()
+    if not os.path.exists(os.path.join(model_dir, "model.bin")):
+        raise ValueError(f"{model_dir} is not a CTranslate2 model folder (no model.bin): export one first.")
+    translator = ctranslate2.Translator(
+        model_dir, device=device, compute_type=compute_type, inter_threads=inter_threads, intra_threads=intra_threads
+    )
+    return translator, AutoTokenizer.from_pretrained(model_dir), _generation_defaults(model_dir)
+
+
+def translate_tokens(
+    translator,
+    sources: Sequence[Sequence[str]],
+    num_beams: int = 4,
+    length_penalty: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    num_hypotheses: int = 1,
+    eos_token: str = "</s>",
+) -> list[list[list[str]]]:
+    """Hypotheses (tokens, `</s>` excluded) of each source token list, with our length rule for the whole batch.
+
+    CTranslate2 takes one limit per batch: the longest sentence's `max_len_a * length + max_len_b`, as our
+    `generate` does in transformers' own decoding. `</s>` is counted in |Y| (`return_end_token`), as transformers
+    counts it; and it may come first (`min_decoding_length=0`).
+    """
+    if not sources:
+        return []
+    limit = int(max(len(s) for s in sources) * (max_len_a or 0) + max_len_b)
+    results = translator.translate_batch(
+        [list(s) for s in sources],
+        beam_size=num_beams,
+        length_penalty=length_penalty if num_beams > 1 else 0.0,
+        num_hypotheses=num_hypotheses,
+        max_decoding_length=limit,
+        min_decoding_length=0,
+        max_input_length=0,
+        return_end_token=True,
+    )
+    return [[hypothesis[:-1] if hypothesis[-1:] == [eos_token] else hypothesis for hypothesis in result.hypotheses]
+            for result in results]  # fmt: skip
+
+
+def translate_lines_ctranslate2(
+    translator,
+    tokenizer,
+    lines: Iterable[str],
+    max_tokens: int = 4096,
+    num_beams: int = 4,
+    length_penalty: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    max_source_length: int | None = None,
+    strict: bool = False,
+    source_name: str = "line",
+) -> list[str]:
+    """One translation per line, as `translate.translate_lines` does with our model: an empty or whitespace-only line
+    gives "", batches of at most `max_tokens` source tokens (padding included), longer sources cut to
+    `max_source_length` tokens (keeping `</s>`) with a warning naming the line, or refused with `strict`."""
+    lines = list(lines)
+    outputs = [""] * len(lines)
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    encoded = tokenizer([lines[i] for i in todo]).input_ids if todo else []
+    for k, (i, ids) in enumerate(zip(todo, encoded)):
+        if max_source_length is not None and len(ids) > max_source_length:
+            if strict:
+                raise ValueError(f"{source_name}:{i + 1}: the source has {len(ids)} tokens, more than the limit of "
+                                 f"{max_source_length} (strict mode: not translated).")  # fmt: skip
+            logger.warning("%s:%d: the source has %d tokens, more than the limit of %d; translating its first %d.",
+                           source_name, i + 1, len(ids), max_source_length, max_source_length)  # fmt: skip
+            encoded[k] = ids[: max_source_length - 1] + [tokenizer.eos_token_id]
+    lengths = [min(len(ids), max_tokens) for ids in encoded]  # longer ones end up alone in a batch
+    for batch in TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches:
+        sources = [tokenizer.convert_ids_to_tokens(encoded[j]) for j in batch]
+        hypotheses = translate_tokens(translator, sources, num_beams, length_penalty, max_len_a, max_len_b,
+                                      eos_token=tokenizer.eos_token)  # fmt: skip
+        for j, hyps in zip(batch, hypotheses):
+            outputs[todo[j]] = tokenizer.decode(tokenizer.convert_tokens_to_ids(hyps[0]), skip_special_tokens=True)
+    return outputs
+
+
+def translate_file_ctranslate2(
+    model_dir: str,
+    input_path: str | None = None,
+    output_path: str | None = None,
+    device: str | None = None,
+    **kwargs,
+) -> int:
+    """`translate --engine ctranslate2`: translate a file (or stdin) line for line with an exported folder; decoding
+    defaults from the folder's generation config; returns the number of lines written (= read)."""
+    translator, tokenizer, defaults = load_translator(model_dir, device=device or "cpu")
+    for name in ("num_beams", "length_penalty", "max_len_a", "max_len_b"):
+        if kwargs.get(name) is None and defaults.get(name) is not None:
+            kwargs[name] = defaults[name]
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    lines, name = read_lines(input_path)
+    translations = translate_lines_ctranslate2(translator, tokenizer, lines, source_name=name, **kwargs)
+    return write_lines(translations, output_path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Convert one of our models (folder or Hub id) into a CTranslate2 model folder with its tokenizer. "
+        "Options: the first spelling is canonical (run_translation.py's), the dashed one an alias.",
+    )
+    parser.add_argument("--model_name_or_path", "--model", required=True, help="our model folder or Hub id")
+    parser.add_argument("--output_dir", "--output-dir", required=True, help="the CTranslate2 model folder to write")
+    parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
+                        help="weight type of the export (default: as saved, float32)")  # fmt: skip
+    parser.add_argument("--revision", default=None, help="Hub revision of --model")
+    parser.add_argument("--max_positions", "--max-positions", type=int, default=None,
+                        help="rows of the exported position table (default: max_position_embeddings)")  # fmt: skip
+    parser.add_argument("--force", action="store_true", help="overwrite --output_dir if it exists")
+    args = parser.parse_args(argv)
+    try:
+        output = export_ctranslate2(
+            args.model_name_or_path, args.output_dir, args.quantization, args.force, args.revision, args.max_positions
+        )
+    except (ValueError, RuntimeError, ImportError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"CTranslate2 model written to {output}")
+    return 0
+
+
+__all__ = [
+    "VaswaniTransformerConverter",
+    "export_ctranslate2",
+    "load_translator",
+    "translate_file_ctranslate2",
+    "translate_lines_ctranslate2",
+    "translate_tokens",
+    "transformer_spec_of",
+]

@@ -308,6 +308,8 @@ def test_collator_and_dataloader_with_token_batches(tmp_path, tokenizer):
         vocab_size=50, d_model=8, d_ff=8, num_heads=2, encoder_layers=1, decoder_layers=1))  # fmt: skip
     # <s> (1), then the labels without their last token, padding (-100) as <pad> (0)
     assert model.prepare_decoder_input_ids_from_labels(batch["labels"]).tolist() == [[1, 7, 2, 0], [1, 9, 10, 11]]
+    with_model = TranslationDataCollator(tokenizer, model=model)([{"input_ids": [5, 2], "labels": [7, 2]}])
+    assert with_model["decoder_input_ids"].tolist() == [[1, 7]]  # for transformers' own Seq2SeqTrainer
 
     data = write_formats(tmp_path / "data", PAIRS * 30)
     raw = load_parallel_dataset(train_file=str(data / "train"), cache_dir=str(tmp_path / "cache"))
@@ -365,3 +367,19 @@ def test_sampler_and_collator_plug_into_the_trainer(tmp_path, tokenizer):
         assert batches == list(sampler)  # the Trainer set the epoch and used our batches as they are
         assert sorted(i for b in batches for i in b) == list(range(len(train)))
     assert epoch0 != epoch1
+
+
+def test_transformers_own_seq2seq_trainer_trains_with_the_collator_given_the_model(tmp_path, tokenizer):
+    """transformers' `Seq2SeqTrainer` with label smoothing takes the labels out of the model call: the collator
+    given the model supplies the decoder inputs (as `DataCollatorForSeq2Seq(tokenizer, model=model)` does)."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    torch.manual_seed(0)
+    model = VaswaniTransformerForConditionalGeneration(VaswaniTransformerConfig(
+        vocab_size=len(tokenizer), d_model=16, d_ff=16, num_heads=2, encoder_layers=1, decoder_layers=1))  # fmt: skip
+    rows = [{"input_ids": tokenizer(s)["input_ids"], "labels": tokenizer(t)["input_ids"]} for s, t in PAIRS]
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=3,
+                                    label_smoothing_factor=0.1, report_to="none", use_cpu=True, save_strategy="no")
+    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
+                             data_collator=TranslationDataCollator(tokenizer, model=model))  # fmt: skip
+    assert np.isfinite(trainer.train().training_loss)

@@ -631,19 +631,21 @@ class TranslationDataCollator:
     Padding is done by transformers' ``DataCollatorForSeq2Seq`` (right side; ``input_ids`` with the pad id 0,
     ``labels`` with -100, which the loss ignores). The decoder inputs are the model's to make from the labels
     (``prepare_decoder_input_ids_from_labels``: shifted right behind ``<s>``), as ``VaswaniSeq2SeqTrainer``'s loss
-    and ``forward`` do; transformers' own ``Seq2SeqTrainer`` with label smoothing keeps the labels from the model and
-    needs ``DataCollatorForSeq2Seq(tokenizer, model=model)`` instead. Other columns (``source_length``, text) are
-    ignored.
+    and ``forward`` do. Given ``model`` (as ``DataCollatorForSeq2Seq(tokenizer, model=model)``), the batch also holds
+    that function's ``decoder_input_ids``: transformers' own ``Seq2SeqTrainer`` with label smoothing keeps the labels
+    from the model and needs them. Other columns (``source_length``, text) are ignored.
     """
 
     tokenizer: PreTrainedTokenizerBase
     pad_to_multiple_of: int | None = None
+    model: Any = None
 
     def __post_init__(self) -> None:
         if self.tokenizer.pad_token_id is None:
             raise ValueError("The collator needs a tokenizer with a pad token.")
         self._pad = DataCollatorForSeq2Seq(
-            self.tokenizer, label_pad_token_id=-100, pad_to_multiple_of=self.pad_to_multiple_of, return_tensors="pt"
+            self.tokenizer, model=self.model, label_pad_token_id=-100, pad_to_multiple_of=self.pad_to_multiple_of,
+            return_tensors="pt",
         )
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:

@@ -57,6 +57,8 @@ TRAINING_FIELDS = {
     "source_tokens_seen": "source tokens seen",
     "target_tokens_seen": "target tokens seen",
     "wall_time_seconds": "wall time (s)",
+    "training_flops": "training compute (model FLOPs, forward + backward)",
+    "model_flops_per_target_token": "model FLOPs per target token",
     "bf16": "bf16",
     "fp16": "fp16",
     "seed": "seed",

@@ -1,0 +1,165 @@
+"""Training cost in the manner of Table 2: model FLOPs counted from the configuration.
+
+Convention: one multiply-add is 2 FLOPs; training (forward + backward) is 3x the forward pass. Counted: the
+attention projections (Q, K, V, output), attention scores (QK^T) and weighted sums (softmax x V), the two FFN
+matrices and the output layer over the vocabulary. Free: embedding look-ups, positional encodings, softmax,
+layer norms, biases, residual additions, dropout and the loss. Decoder self-attention under the causal mask counts
+the (T + 1) / 2 keys a target position sees on average; the encoder-decoder attention projects the encoder output
+to keys and values once per decoder layer (a cost per source token).
+
+The paper's Table 2 figures are not model FLOPs: they are training time x number of GPUs x each GPU's sustained
+single-precision rate (footnote 5: 9.5 TFLOPS for a P100), i.e. what the hardware could have done. The model
+FLOPs of the same runs, divided by those figures, are the utilisation the runs implicitly had.
+
+``python -m vaswani_transformer.flops`` prints the base/big comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TRAINING_MULTIPLIER = 3  # backward = 2x forward (gradients with respect to activations and to weights)
+
+# The paper's runs (Sections 5.1, 5.2, Table 2): 8 P100 GPUs, ~25k source + 25k target tokens per batch.
+PAPER_TOKENS_PER_BATCH = 25_000
+PAPER_STEPS = {"base": 100_000, "big": 300_000}
+PAPER_REPORTED_FLOPS = {"base": 3.3e18, "big": 2.3e19}
+PAPER_VOCAB_SIZE = 37_000  # shared source-target BPE vocabulary of WMT 2014 English-German
+# Average tokens per sentence on each side (our assumption; the paper does not state it): WMT14 en-de with a 37k
+# BPE is ~25 subwords per sentence, and the count per target token barely depends on it (attention terms are small).
+PAPER_AVERAGE_LENGTH = 25.0
+
+
+def _dims(config) -> tuple[int, int, int, int, int, int, int, int]:
+    """(d_model, d_ff, heads, d_k, d_v, encoder layers, decoder layers, vocabulary) of a config."""
+    return (config.d_model, config.d_ff, config.num_heads, config.head_dim_k, config.head_dim_v,
+            config.encoder_layers, config.decoder_layers, config.vocab_size)  # fmt: skip
+
+
+def forward_flops_per_sentence(config, source_length: float, target_length: float) -> float:
+    """Forward FLOPs of one sentence pair of the given (average) source and target lengths."""
+    if source_length <= 0 or target_length <= 0:
+        raise ValueError(f"source_length and target_length must be positive, got {source_length}, {target_length}.")
+    d, d_ff, h, d_k, d_v, n_enc, n_dec, vocab = _dims(config)
+    s, t = float(source_length), float(target_length)
+    qkvo = 2 * d * h * (2 * d_k + d_v) + 2 * h * d_v * d  # Q, K, V and output projections, per token
+    ffn = 2 * 2 * d * d_ff  # two linear maps, per token
+
+    def attend(keys: float) -> float:  # scores and weighted sums of one query over `keys` keys
+        return 2 * keys * h * (d_k + d_v)
+
+    encoder = n_enc * s * (qkvo + attend(s) + ffn)
+    self_attention = qkvo + attend((t + 1) / 2)
+    cross_query_side = 2 * d * h * d_k + 2 * h * d_v * d + attend(s)  # Q and output projections, scores, sums
+    cross_memory = 2 * d * h * (d_k + d_v)  # K and V of each encoder output, per source token
+    decoder = n_dec * (t * (self_attention + cross_query_side + ffn) + s * cross_memory)
+    output_layer = t * 2 * d * vocab
+    return encoder + decoder + output_layer
+
+
+def model_flops_per_target_token(config, source_length: float, target_length: float) -> float:
+    """Training (forward + backward) model FLOPs per target token at the given average sentence lengths."""
+    return TRAINING_MULTIPLIER * forward_flops_per_sentence(config, source_length, target_length) / target_length
+
+
+def training_flops(config, target_tokens: float, source_length: float, target_length: float) -> float:
+    """Total training FLOPs of a run: target tokens trained on x FLOPs per target token."""
+    if target_tokens < 0:
+        raise ValueError(f"target_tokens must be >= 0, got {target_tokens}.")
+    return target_tokens * model_flops_per_target_token(config, source_length, target_length)
+
+
+def model_flops_utilization(flops: float, seconds: float, peak_flops_per_second: float) -> float:
+    """Achieved model FLOPs per second over `peak_flops_per_second` (the peak of all devices used together)."""
+    if not peak_flops_per_second > 0:
+        raise ValueError(f"peak_flops_per_second must be positive, got {peak_flops_per_second}.")
+    if not seconds > 0:
+        raise ValueError(f"seconds must be positive, got {seconds}.")
+    return flops / seconds / peak_flops_per_second
+
+
+def average_lengths(dataset, source_column: str = "source_length", target_column: str = "target_length"):
+    """(mean source length, mean target length) in tokens of a tokenized map-style dataset, else None."""
+    names = getattr(dataset, "column_names", None) or []
+    if source_column not in names or target_column not in names or not hasattr(dataset, "__len__") or not len(dataset):
+        return None  # a streamed dataset has no length to average over without reading it
+    import pyarrow.compute as pc  # datasets' own storage: the mean without building Python lists
+
+    columns = dataset.with_format("arrow")
+    return float(pc.mean(columns[source_column]).as_py()), float(pc.mean(columns[target_column]).as_py())
+
+
+def run_training_cost(config, dataset, target_tokens_seen) -> dict[str, float | None]:
+    """``model_flops_per_target_token`` and ``training_flops`` of a run: its target tokens seen at the training
+    set's average source and target lengths (None where either is unknown)."""
+    lengths = average_lengths(dataset)
+    per_token = model_flops_per_target_token(config, *lengths) if lengths else None
+    total = float(target_tokens_seen * per_token) if per_token is not None and target_tokens_seen is not None else None
+    return {"model_flops_per_target_token": per_token, "training_flops": total}
+
+
+@dataclass
+class PaperEstimate:
+    """Our model-FLOPs estimate of one of the paper's runs next to the paper's Table 2 figure."""
+
+    preset: str
+    steps: int
+    target_tokens: float
+    flops_per_target_token: float
+    flops: float
+    paper_flops: float
+
+    @property
+    def implied_utilization(self) -> float:
+        """Our count over the paper's figure (time x GPUs x peak): the utilisation the run implicitly had."""
+        return self.flops / self.paper_flops
+
+
+def paper_estimate(preset: str, average_length: float = PAPER_AVERAGE_LENGTH) -> PaperEstimate:
+    """The estimate for the paper's `base` (100k steps) or `big` (300k) run, 25k target tokens per batch."""
+    from .configuration_vaswani_transformer import VaswaniTransformerConfig
+
+    if preset not in PAPER_STEPS:
+        raise ValueError(f"preset must be one of {sorted(PAPER_STEPS)}, got {preset!r}.")
+    config = VaswaniTransformerConfig.from_preset(preset, vocab_size=PAPER_VOCAB_SIZE)
+    tokens = float(PAPER_STEPS[preset] * PAPER_TOKENS_PER_BATCH)
+    per_token = model_flops_per_target_token(config, average_length, average_length)
+    return PaperEstimate(preset, PAPER_STEPS[preset], tokens, per_token, tokens * per_token,
+                         PAPER_REPORTED_FLOPS[preset])  # fmt: skip
+
+
+def paper_table(average_length: float = PAPER_AVERAGE_LENGTH) -> str:
+    """A Markdown table of the base/big estimates next to the paper's Table 2 figures."""
+    lines = [
+        "| model | steps | target tokens | FLOPs / target token | model FLOPs (ours) | Table 2 | ours / Table 2 |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for preset in PAPER_STEPS:
+        e = paper_estimate(preset, average_length)
+        lines.append(f"| {preset} | {e.steps:,} | {e.target_tokens:.2e} | {e.flops_per_target_token:.3g} | "
+                     f"{e.flops:.2e} | {e.paper_flops:.1e} | {e.implied_utilization:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    print(f"Training FLOPs (forward + backward = 3x forward, 1 multiply-add = 2 FLOPs), vocabulary "
+          f"{PAPER_VOCAB_SIZE:,}, {PAPER_TOKENS_PER_BATCH:,} target tokens per batch, "
+          f"{PAPER_AVERAGE_LENGTH:g} tokens per sentence on each side:")  # fmt: skip
+    print(paper_table())
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = [
+    "PaperEstimate",
+    "average_lengths",
+    "forward_flops_per_sentence",
+    "model_flops_per_target_token",
+    "model_flops_utilization",
+    "paper_estimate",
+    "paper_table",
+    "run_training_cost",
+    "training_flops",
+]

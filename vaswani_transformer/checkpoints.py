@@ -30,6 +30,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import SAFE_WEIGHTS_NAME
 
+from . import cli
+
 logger = logging.getLogger(__name__)
 
 TRAINER_STATE_NAME = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME (not importable cheaply)
@@ -374,7 +376,7 @@ fewer valid checkpoints than --num_last is an error. See `vaswani_transformer.ch
 
 def main(argv: list[str] | None = None) -> int:
     """Command line of checkpoint averaging (``scripts/average_checkpoints.py``, ``vaswani-average``)."""
-    parser = argparse.ArgumentParser(description=_CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.ArgumentParser(description=_CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "checkpoints", nargs="+",
         help="A run directory holding checkpoint-<step> folders, or several checkpoint folders.",

@@ -12,7 +12,6 @@ with `length_penalty_type="transformers"`; the paper's GNMT penalty ((5 + |Y|) /
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from . import cli
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
 from .data import TokenBatchSampler
 from .modeling_vaswani_transformer import VaswaniTransformerForConditionalGeneration
@@ -340,7 +340,7 @@ def translate_file_ctranslate2(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         description="Convert one of our models (folder or Hub id) into a CTranslate2 model folder with its tokenizer. "
         "Options: the first spelling is canonical (run_translation.py's), the dashed one an alias.",
     )

@@ -70,6 +70,27 @@ def resolve_text_pair(path: str, source_lang: str, target_lang: str) -> tuple[st
     return None
 
 
+def _check_text_pair_files(path: str, source_lang: str, target_lang: str) -> None:
+    """``FileNotFoundError`` naming the missing or directory side of a half-present ``prefix.{src,tgt}`` pair, or
+    ``path`` itself when it is a directory."""
+    for prefix in (path, path[: -len(source_lang) - 1] if path.endswith("." + source_lang) else None):
+        if prefix is None:
+            continue
+        sides = {lang: f"{prefix}.{lang}" for lang in (source_lang, target_lang)}
+        if not any(os.path.exists(p) for p in sides.values()):
+            continue
+        for lang, side in sides.items():
+            if os.path.isdir(side):
+                raise FileNotFoundError(f"{side} is a directory, not the {lang} text file of the pair {prefix}.")
+            if not os.path.isfile(side):
+                raise FileNotFoundError(f"{side}: no such file (the {lang} side of the parallel text {prefix}).")
+    if os.path.isdir(path):
+        raise FileNotFoundError(
+            f"{path} is a directory: give the prefix of its files ({os.path.join(path, 'train')} for "
+            f"train.{source_lang} and train.{target_lang}) or a .jsonl/.json/.tsv file."
+        )
+
+
 def _file_format(path: str, source_lang: str, target_lang: str) -> str:
     lower = path.lower()
     if lower.endswith((".jsonl", ".json")):
@@ -78,6 +99,7 @@ def _file_format(path: str, source_lang: str, target_lang: str) -> str:
         return "tsv"
     if resolve_text_pair(path, source_lang, target_lang) is not None:
         return "text"
+    _check_text_pair_files(path, source_lang, target_lang)
     raise ParallelDataError(
         f"Cannot read {path!r}: expected a .jsonl/.json or .tsv file, or a prefix with "
         f"{path}.{source_lang} and {path}.{target_lang} side by side."
@@ -166,6 +188,8 @@ def _load_file(
         files = resolve_text_pair(path, source_lang, target_lang)
         check_parallel_text_files(*files)
     else:
+        if os.path.isdir(path):
+            raise FileNotFoundError(f"Data file {path} is a directory, not a {fmt} file.")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Data file not found: {path}")
         files = (path,)

@@ -1,10 +1,10 @@
 """A demo of the model's Hugging Face life cycle: preset -> save -> AutoModelForSeq2SeqLM -> generate."""
 
-import argparse
 
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
+from . import cli
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
 from .modeling_vaswani_transformer import VaswaniTransformerForConditionalGeneration
 
@@ -29,7 +29,7 @@ def run_demo(preset: str, output_dir: str, vocab_size: int = 37000, seed: int = 
 
 def main(argv=None) -> None:
     """`scripts/demo.py`: build, save, reload and generate with an untrained preset."""
-    parser = argparse.ArgumentParser(description="Build a model from a paper preset, save it, reload it with "
+    parser = cli.ArgumentParser(description="Build a model from a paper preset, save it, reload it with "
                                      "AutoModelForSeq2SeqLM and generate (untrained: the ids are random).")
     parser.add_argument("--preset", default="base", help="a paper preset (see vaswani_transformer.available_presets())")
     parser.add_argument("--vocab_size", "--vocab-size", type=int, help="vocabulary size (default: run_demo's)")

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from . import cli
 from .data import check_parallel_text_files, resolve_text_pair
 from .generation import PAPER_GENERATION_DEFAULTS
 from .metrics.paper_bleu.paper_bleu import (
@@ -372,7 +373,7 @@ def _decoding_value(text: str):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         description=CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     what = parser.add_mutually_exclusive_group(required=True)

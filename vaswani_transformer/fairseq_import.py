@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import torch
 from transformers import FSMTTokenizer
 
+from . import cli
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
 from .modeling_vaswani_transformer import VaswaniTransformerForConditionalGeneration
 
@@ -262,7 +263,7 @@ def convert_fairseq(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         description="Convert a fairseq Transformer checkpoint (post-LN, ReLU, sinusoidal positions, one joined "
         "dictionary) and its dict.*.txt and BPE codes into one of our model folders. Options: the first spelling is "
         "canonical (run_translation.py's), the dashed one an alias.",

@@ -44,6 +44,7 @@ from typing import Any
 from huggingface_hub import HfApi, ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from . import cli
 from .card import (
     EXAMPLE_SENTENCE,
     as_reports,
@@ -367,7 +368,7 @@ are accepted aliases. See `vaswani_transformer.hub`.
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         description=CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model_name_or_path", "--model", required=True,

@@ -36,6 +36,7 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from . import cli
 from .data import iter_parallel_texts, load_parallel_dataset
 from .textio import count_lines, iter_text_files
 
@@ -311,7 +312,7 @@ def _train_from_args(args, parser) -> PreTrainedTokenizerFast:
 
 def main(argv=None) -> int:
     """`vaswani-train-tokenizer` / `scripts/train_tokenizer.py`: exit status 0, or 2 with an error line."""
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         description=CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--files", nargs="+", help="plain text files, one sentence per line")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from transformers import (
 )
 
 from .checkpoints import average_last_checkpoints, resolve_resume_checkpoint
+from .cli import did_you_mean, unknown_arguments_message
 from .configuration_vaswani_transformer import VaswaniTransformerConfig, preset_training_arguments
 from .data import (
     SOURCE_LENGTH_COLUMN,
@@ -51,6 +51,7 @@ from .data import (
     tokenize_parallel_dataset,
 )
 from .evaluation import make_compute_metrics
+from .flops import run_training_cost
 from .pipeline import source_length_limit, truncate_source
 from .synthetic import TASK_LANGUAGES, write_synthetic_task
 from .textio import write_lines
@@ -218,11 +219,7 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     valid = set(valid_argument_names())
     unknown = sorted(k for k in recipe if k not in valid)
     if unknown:
-        hints = "; ".join(
-            f"{k!r}: did you mean {', '.join(repr(m) for m in difflib.get_close_matches(k, valid, n=3))}?"
-            for k in unknown
-            if difflib.get_close_matches(k, valid, n=3)
-        )
+        hints = "; ".join(f"{k!r}: {did_you_mean(k, valid, quote=True)}" for k in unknown if did_you_mean(k, valid))
         raise ValueError(
             f"{path}: unknown recipe key(s) {unknown}. {hints + ' ' if hints else ''}"
             f"Valid keys: {', '.join(sorted(valid))}."
@@ -238,7 +235,7 @@ def parse_arguments(argv: list[str] | None = None):
     The first argument may be a ``.yaml``/``.yml``/``.json`` recipe; further ``--flags`` override its values.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser(ARGUMENT_CLASSES)
+    parser = HfArgumentParser(ARGUMENT_CLASSES, allow_abbrev=False)  # --max_step is not --max_steps
     recipe: dict[str, Any] = {}
     if argv and not argv[0].startswith("-") and Path(argv[0]).suffix.lower() in (".yaml", ".yml", ".json"):
         recipe = load_recipe(argv.pop(0))
@@ -251,7 +248,7 @@ def parse_arguments(argv: list[str] | None = None):
         args=argv, return_remaining_strings=True
     )
     if rest:
-        raise ValueError(f"Unknown arguments {rest}. Valid arguments: {', '.join('--' + n for n in valid_argument_names())}.")
+        raise ValueError(f"{unknown_arguments_message(parser, rest)} Unknown arguments: {rest}.")
     if "learning_rate" in given and training_args.lr_schedule == "paper":
         raise ValueError(
             f"learning_rate={given['learning_rate']} has no effect with lr_schedule=paper, whose rates are "
@@ -266,7 +263,7 @@ def given_arguments(argv: list[str]) -> dict[str, Any]:
 
     Parsed by a copy of the real parser whose defaults are all ``argparse.SUPPRESS``, so an argument appears only when
     the user gave it (HfArgumentParser's defaults cannot tell "given the default value" from "not given")."""
-    parser = HfArgumentParser(ARGUMENT_CLASSES, add_help=False)  # --help is the real parser's
+    parser = HfArgumentParser(ARGUMENT_CLASSES, add_help=False, allow_abbrev=False)  # --help is the real parser's
     for action in parser._actions:
         action.default, action.required = argparse.SUPPRESS, False
     given, _ = parser.parse_known_args(argv)
@@ -496,8 +493,16 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
         trainer.save_model()
         trainer.save_state()
         result["summary"] = trainer.training_summary()
+        # Table 2's cost: model FLOPs (forward + backward) from the config at the training set's average lengths.
+        result["summary"].update(run_training_cost(model.config, tokenized["train"],
+                                                   result["summary"]["target_tokens_seen"]))
         if trainer.is_world_process_zero():
             print("Training summary:\n" + format_summary(result["summary"]), flush=True)
+            cost = result["summary"]
+            if cost["training_flops"] is not None:
+                print(f"Training cost: {cost['training_flops']:.3g} model FLOPs (forward + backward, "
+                      f"{cost['model_flops_per_target_token']:.3g} per target token; vaswani_transformer.flops)",
+                      flush=True)
     if data_args.average_last_checkpoints > 0:
         if trainer.is_world_process_zero():
             result["averaged_model"] = average_last_checkpoints(training_args.output_dir,
@@ -529,9 +534,10 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                 print(f"  src: {ex['source']}\n  ref: {ex['reference']}\n  hyp: {ex['hypothesis']}\n", flush=True)
     if trainer.is_world_process_zero():
         os.makedirs(training_args.output_dir, exist_ok=True)
+        # The summary first: the card reads this run's figures (tokens, training FLOPs) from it.
+        Path(training_args.output_dir, SUMMARY_NAME).write_text(json.dumps(result, indent=2, default=str) + "\n")
         if training_args.do_train:
             trainer.create_model_card(language=[data_args.source_lang, data_args.target_lang])
-        Path(training_args.output_dir, SUMMARY_NAME).write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result
 
 
@@ -542,8 +548,14 @@ def run_from_args(argv: list[str] | None = None, callbacks: list | None = None) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line of training (``scripts/train.py``, ``vaswani-train``)."""
-    run_from_args(argv)
+    """Command line of training (``scripts/train.py``, ``vaswani-train``); a bad command line or recipe is one error
+    line and exit status 2, as argparse answers."""
+    try:
+        arguments = parse_arguments(argv)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    run_training(*arguments)
 
 
 __all__ = [

@@ -30,9 +30,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from . import cli
 from .data import TokenBatchSampler
 from .pipeline import source_length_limit, truncate_source
-from .textio import read_lines, write_lines
+from .textio import is_stdio, read_lines, write_lines
 
 
 logger = logging.getLogger(__name__)
@@ -237,7 +238,7 @@ def decoding_arguments(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         description=CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model_name_or_path", "--model", required=True,
@@ -261,9 +262,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_input_output(input_path: str, output_path: str) -> str | None:
+    """Why ``--input``/``--output`` cannot be used (a closed standard stream, a missing file, a directory), or None;
+    checked before the model loads."""
+    if is_stdio(input_path) and sys.stdin is None:
+        return "standard input is closed: pipe the sentences in or give --input FILE."
+    if is_stdio(output_path) and sys.stdout is None:
+        return "standard output is closed: give --output FILE."
+    if not is_stdio(input_path):
+        if os.path.isdir(input_path):
+            return f"--input {input_path} is a directory, not a text file."
+        if not os.path.isfile(input_path):
+            return f"--input {input_path}: no such file."
+    if not is_stdio(output_path) and os.path.isdir(output_path):
+        return f"--output {output_path} is a directory, not a file."
+    return None
+
+
 def main(argv=None) -> int:
     """`vaswani-translate` / `scripts/translate.py`: exit status 0, or 1 with an error line for bad input."""
     args = parse_args(argv)
+    if problem := check_input_output(args.input, args.output):
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     options = {k: getattr(args, k) for k in ("max_tokens", "max_source_length") if getattr(args, k) is not None}
     try:
         if args.engine == "ctranslate2":

@@ -13,7 +13,9 @@ from vaswani_transformer.flops import (
     model_flops_per_target_token,
     model_flops_utilization,
     paper_estimate,
+    required_utilization,
     training_flops,
+    training_hours,
 )
 from test_training import run_script, tiny_args, write_fixture
 
@@ -120,3 +122,25 @@ def test_training_summary_and_model_card_hold_tokens_times_per_token_flops(tmp_p
     card = (out / "README.md").read_text(encoding="utf-8")
     assert "training compute (model FLOPs, forward + backward)" in card
     assert f"{summary['training_flops']:g}" in card
+
+
+def test_wall_clock_hours_reproduce_the_papers_footnote():
+    # Footnote 5: Table 2 = training time x 8 GPUs x 9.5 TFLOPS; base trained 12 hours, big 3.5 days.
+    assert training_hours(PAPER_REPORTED_FLOPS["base"], 8, 9.5e12, 1.0) == pytest.approx(12, rel=0.01)
+    assert training_hours(PAPER_REPORTED_FLOPS["big"], 8, 9.5e12, 1.0) / 24 == pytest.approx(3.5, rel=0.01)
+    # Halving the utilisation doubles the time; the inverse gives the utilisation back.
+    assert training_hours(1e18, 4, 1e14, 0.5) == pytest.approx(1e18 / (4 * 1e14 * 0.5) / 3600, rel=1e-12)
+    assert required_utilization(1e18, training_hours(1e18, 4, 1e14, 0.25), 4, 1e14) == pytest.approx(0.25, rel=1e-12)
+    with pytest.raises(ValueError, match="utilization"):
+        training_hours(1e18, 8, 1e14, 0.0)
+
+
+def test_flops_command_prints_both_tables_and_takes_its_options():
+    out = subprocess.run([sys.executable, "-m", "vaswani_transformer.flops", "--devices", "8", "--utilization", "0.5"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "| base | 100,000 |" in out and "50% model FLOPs utilisation" in out
+    # 8 P100s at 50%: base 9.51e17 model FLOPs / (8 x 9.5e12 x 0.5) s.
+    hours = paper_estimate("base").flops / (8 * 9.5e12 * 0.5) / 3600
+    assert f"| P100 fp32 (the paper's figure) | 9.5 TFLOPS | {hours:,.2f} |" in out
+    bad = subprocess.run([sys.executable, "-m", "vaswani_transformer.flops", "--device", "8"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "did you mean --devices" in bad.stderr

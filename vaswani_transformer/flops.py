@@ -141,11 +141,57 @@ def paper_table(average_length: float = PAPER_AVERAGE_LENGTH) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def training_hours(flops: float, devices: int, peak_flops_per_device: float, utilization: float) -> float:
+    """Wall-clock hours to do `flops` model FLOPs on `devices` devices at `utilization` of their peak."""
+    if devices < 1 or not peak_flops_per_device > 0 or not 0 < utilization <= 1:
+        raise ValueError(f"need devices >= 1, a positive peak and 0 < utilization <= 1; got {devices}, "
+                         f"{peak_flops_per_device}, {utilization}.")  # fmt: skip
+    return flops / (devices * peak_flops_per_device * utilization) / 3600.0
+
+
+def required_utilization(flops: float, hours: float, devices: int, peak_flops_per_device: float) -> float:
+    """The model FLOPs utilisation at which `flops` take `hours` on `devices` devices (the inverse of the above)."""
+    if not hours > 0:
+        raise ValueError(f"hours must be positive, got {hours}.")
+    return flops / (hours * 3600.0 * devices * peak_flops_per_device)
+
+
+# Dense peaks per device in FLOP/s, from the vendors' data sheets, for the estimates of `hardware_table`.
+HARDWARE_PEAKS = {
+    "P100 fp32 (the paper's figure)": 9.5e12,
+    "V100 SXM2 fp16 tensor cores": 125e12,
+    "A100 SXM bf16": 312e12,
+    "H100 SXM bf16": 989e12,
+}
+
+
+def hardware_table(devices: int = 8, utilization: float = 0.3, average_length: float = PAPER_AVERAGE_LENGTH) -> str:
+    """A Markdown table: hours of the paper's base and big runs on `devices` of each device at `utilization`."""
+    estimates = {preset: paper_estimate(preset, average_length) for preset in PAPER_STEPS}
+    lines = [f"| {devices} x device | peak / device | " + " | ".join(f"{p} hours" for p in estimates) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in estimates) + " |"]  # fmt: skip
+    for name, peak in HARDWARE_PEAKS.items():
+        hours = [training_hours(e.flops, devices, peak, utilization) for e in estimates.values()]
+        lines.append(f"| {name} | {peak / 1e12:g} TFLOPS | " + " | ".join(f"{h:,.2f}" for h in hours) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m vaswani_transformer.flops [--devices 8] [--utilization 0.3]``: Table 2 and wall-clock estimates."""
+    from . import cli
+
+    parser = cli.ArgumentParser(description="Training FLOPs of the paper's runs next to Table 2, and their "
+                                "wall-clock hours on a number of devices at a stated model FLOPs utilisation.")  # fmt: skip
+    parser.add_argument("--devices", type=int, default=8, help="devices training together (default 8, as the paper)")
+    parser.add_argument("--utilization", type=float, default=0.3,
+                        help="model FLOPs utilisation assumed for the hours (default 0.3, about the paper's runs)")  # fmt: skip
+    args = parser.parse_args(argv)
     print(f"Training FLOPs (forward + backward = 3x forward, 1 multiply-add = 2 FLOPs), vocabulary "
           f"{PAPER_VOCAB_SIZE:,}, {PAPER_TOKENS_PER_BATCH:,} target tokens per batch, "
           f"{PAPER_AVERAGE_LENGTH:g} tokens per sentence on each side:")  # fmt: skip
     print(paper_table())
+    print(f"\nWall clock on {args.devices} devices at {args.utilization:.0%} model FLOPs utilisation:")
+    print(hardware_table(args.devices, args.utilization))
 
 
 if __name__ == "__main__":
@@ -154,12 +200,16 @@ if __name__ == "__main__":
 
 __all__ = [
     "PaperEstimate",
+    "HARDWARE_PEAKS",
     "average_lengths",
     "forward_flops_per_sentence",
+    "hardware_table",
     "model_flops_per_target_token",
     "model_flops_utilization",
     "paper_estimate",
     "paper_table",
+    "required_utilization",
     "run_training_cost",
     "training_flops",
+    "training_hours",
 ]

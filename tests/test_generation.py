@@ -518,7 +518,7 @@ def test_the_returned_cache_holds_the_returned_sequences_and_decoding_continues_
 def test_a_left_padded_decoder_prompt_uses_its_attention_mask(rules):
     """Batched prompts of different lengths, left-padded: each equals the reference run with its own padded prompt.
 
-    (Positions count from the first decoder token, padding included, as in a forward pass over the padded prompt.)
+    (Each real token has the position it has alone: `test_a_left_padded_decoder_prompt_decodes_as_the_prompt_alone`.)
     """
     model = tiny_model(2, eos_bias=1.5)
     inputs = random_sources(13, lengths=(4, 6))
@@ -541,6 +541,47 @@ def test_a_left_padded_decoder_prompt_uses_its_attention_mask(rules):
         output_scores=True,
     )  # fmt: skip
     assert abs(unmasked.sequences_scores[1] - output.sequences_scores[1]) > 1e-3
+
+
+@pytest.mark.parametrize("decoding", ["greedy", "greedy-static", "greedy-compiled", "t2t", "fairseq", "t2t-static"])
+def test_a_left_padded_decoder_prompt_decodes_as_the_prompt_alone(decoding):
+    """A batch of left-padded decoder prompts (with decoder_attention_mask) gives each sentence the tokens and logits
+    (greedy) or scores (beam) of its prompt alone, unpadded: the padding is not counted as positions, in the cached
+    steps too, also where transformers turns the mask into a 4-D one (static cache, compiled step)."""
+    from transformers import CompileConfig
+
+    model = tiny_model(2, eos_bias=1.5)
+    inputs = random_sources(13, lengths=(4, 6, 3))
+    prompts = [[BOS, 17, 23, 9], [BOS, 30], [BOS]]
+    width = max(map(len, prompts))
+    prompt_ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    prompt_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    mode, _, cache = decoding.partition("-")
+    kwargs = dict(return_dict_in_generate=True, output_scores=True)
+    if mode == "greedy":
+        kwargs.update(num_beams=1, do_sample=False, max_new_tokens=5, output_logits=True)
+    else:
+        kwargs.update(beam_search_rules=mode, max_len_b=4)
+    if cache:
+        kwargs.update(cache_implementation="static")
+    compiled = {}
+    if cache == "compiled":  # the batch only: the sentences alone run the same steps uncompiled
+        compiled["compile_config"] = CompileConfig(fullgraph=True, backend="eager")
+        compiled["compile_config"]._compile_all_devices = True  # transformers compiles only on accelerators otherwise
+    batch = model.generate(
+        **inputs, decoder_input_ids=prompt_ids, decoder_attention_mask=prompt_mask, **kwargs, **compiled
+    )
+    for row, prompt in enumerate(prompts):
+        source = inputs["input_ids"][row][inputs["attention_mask"][row].bool()]
+        alone = model.generate(input_ids=source[None], decoder_input_ids=torch.tensor([prompt]), **kwargs)
+        tokens = batch.sequences[row, width - len(prompt) :].tolist()
+        tokens = tokens[: alone.sequences.shape[1]]
+        assert tokens == alone.sequences[0].tolist(), row
+        if mode == "greedy":
+            steps = len(alone.logits)  # alone, a sentence stops at its </s>; in the batch it waits for the others
+            torch.testing.assert_close(torch.stack(batch.logits[:steps])[:, row], torch.stack(alone.logits)[:, 0])
+        else:
+            torch.testing.assert_close(batch.sequences_scores[row], alone.sequences_scores[0])
 
 
 def test_a_static_cache_and_a_compiled_forward_give_the_same_tokens():

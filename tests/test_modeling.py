@@ -45,6 +45,19 @@ def test_positional_encoding_is_the_paper_formula_in_float64():
     assert sinusoidal_position_encoding(5000, 8).shape == (5000, 8)
 
 
+def test_positional_encoding_of_a_float64_model_is_the_formula_far_beyond_training_lengths():
+    """A float64 model computes the angles in float64: position 10000 is the formula to rounding, not float32's 1e-4."""
+    d_model, start = 64, 10_000
+    expected = torch.tensor(
+        [[(math.sin if j % 2 == 0 else math.cos)(pos / 10000 ** (2 * (j // 2) / d_model)) for j in range(d_model)]
+         for pos in range(start, start + 3)],
+        dtype=torch.float64,
+    )  # fmt: skip
+    torch.testing.assert_close(
+        sinusoidal_position_encoding(3, d_model, offset=start, dtype=torch.float64), expected, atol=1e-12, rtol=0
+    )
+
+
 def test_sinusoidal_encoding_is_not_in_the_checkpoint():
     state = tiny_model().state_dict()
     assert not any("position" in name for name in state)
@@ -191,6 +204,94 @@ def test_padding_invariance():
         for i, (s, t) in enumerate(zip(sources, targets)):
             alone = model(input_ids=s[None], decoder_input_ids=t[None]).logits[0]
             torch.testing.assert_close(batched.logits[i, : len(t)], alone, atol=1e-5, rtol=1e-5)
+
+
+def left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows padded on the left to one width, and their mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_left_padded_decoder_prompt_gives_each_token_the_position_it_has_alone(attention):
+    """Left padding of the decoder input (decoder_attention_mask with leading zeros) does not move the real tokens:
+    the first real token is at position 0, as alone (it used to be at the number of padding tokens)."""
+    model = tiny_model()
+    model.set_attn_implementation(attention)
+    source = random_ids(1, 5)[0].tolist()
+    prompts = [[1, 17, 23, 9], [1, 30], [1, 8, 8]]
+    ids, mask = left_padded(prompts)
+    with torch.no_grad():
+        batch = model(input_ids=torch.tensor([source] * 3), decoder_input_ids=ids, decoder_attention_mask=mask).logits
+        for row, prompt in enumerate(prompts):
+            alone = model(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([prompt])).logits[0]
+            torch.testing.assert_close(batch[row, -len(prompt) :], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_a_left_padded_source_gives_each_token_the_position_it_has_alone():
+    """Left padding of the source (attention_mask with leading zeros) gives the outputs of the source alone."""
+    model = tiny_model()
+    sources = [random_ids(1, n, seed=n)[0].tolist() for n in (6, 2, 4)]
+    ids, mask = left_padded(sources)
+    target = random_ids(3, 4, seed=9)
+    with torch.no_grad():
+        batch = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+        for row, source in enumerate(sources):
+            alone = model(input_ids=torch.tensor([source]), decoder_input_ids=target[row : row + 1]).logits[0]
+            torch.testing.assert_close(batch[row], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_float64_eager_attention_gives_a_query_that_sees_no_key_no_nan():
+    """Eager attention in float64: the padding query of a left-padded prompt sees no key. Its softmax used to run in
+    float32, where the float64 mask minimum is -inf: NaN there, spread to every token by the next layer."""
+    model = tiny_model().double()
+    model.set_attn_implementation("eager")
+    ids, mask = left_padded([[1, 17, 23], [1, 30]])
+    source = random_ids(2, 5)
+    with torch.no_grad():
+        eager = model(input_ids=source, decoder_input_ids=ids, decoder_attention_mask=mask).logits
+        model.set_attn_implementation("sdpa")
+        sdpa = model(input_ids=source, decoder_input_ids=ids, decoder_attention_mask=mask).logits
+    assert torch.isfinite(eager).all()
+    torch.testing.assert_close(eager[1, 1:], sdpa[1, 1:], atol=1e-12, rtol=1e-12)
+
+
+def test_a_decoder_mask_that_does_not_cover_the_cache_is_an_error():
+    """With a cache, decoder_attention_mask covers the cached tokens and the new ones (as in generate); a mask of the
+    new tokens only used to give wrong outputs silently."""
+    model = tiny_model()
+    source, target = random_ids(1, 5), random_ids(1, 3, seed=4)
+    with torch.no_grad():
+        cache = model(input_ids=source, decoder_input_ids=target[:, :2], use_cache=True).cache
+        with pytest.raises(ValueError, match="decoder_attention_mask has 1 columns; it must cover the 2 cached"):
+            step = dict(decoder_input_ids=target[:, 2:], decoder_attention_mask=torch.ones(1, 1), cache=cache)
+            model(input_ids=source, **step)
+
+
+def test_stepwise_decoding_of_a_left_padded_prompt_equals_the_full_forward_pass():
+    """Prompt (left-padded, with its mask) through the cache, then one token at a time: the full pass's logits."""
+    model = tiny_model()
+    ids, mask = left_padded([[1, 17, 23], [1, 30]])
+    following = random_ids(2, 3, seed=6)
+    source = random_ids(2, 5)
+    full_mask = torch.cat([mask, torch.ones_like(following)], dim=-1)
+    with torch.no_grad():
+        full = model(
+            input_ids=source, decoder_input_ids=torch.cat([ids, following], -1), decoder_attention_mask=full_mask
+        ).logits
+        out = model(input_ids=source, decoder_input_ids=ids, decoder_attention_mask=mask, use_cache=True)
+        steps = [out.logits]
+        for t in range(3):
+            width = ids.shape[1] + t + 1
+            out = model(
+                input_ids=source, decoder_input_ids=following[:, t : t + 1],
+                decoder_attention_mask=full_mask[:, :width], cache=out.cache, use_cache=True,
+            )  # fmt: skip
+            steps.append(out.logits)
+    stepwise = torch.cat(steps, dim=1)
+    torch.testing.assert_close(stepwise[full_mask.bool()], full[full_mask.bool()], atol=1e-5, rtol=1e-5)
 
 
 def test_incremental_decoding_with_cache_equals_full_forward():

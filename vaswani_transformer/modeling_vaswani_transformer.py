@@ -42,27 +42,60 @@ def sinusoidal_position_encoding(
 ) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)); shape (n, d_model)."""
     # `offset` may be a 0-d tensor (a static cache's length): added to, not a bound of, arange, so it compiles.
-    positions = torch.arange(num_positions, device=device, dtype=torch.float32) + offset
-    two_i = torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
-    angles = positions[:, None] / torch.pow(10000.0, two_i / d_model)[None, :]
-    encoding = torch.zeros(num_positions, d_model, device=device, dtype=torch.float32)
-    encoding[:, 0::2] = torch.sin(angles)
-    encoding[:, 1::2] = torch.cos(angles[:, : d_model // 2])
-    return encoding.to(dtype)
+    positions = torch.arange(num_positions, device=device, dtype=_angle_dtype(dtype)) + offset
+    return sinusoidal_encoding_at(positions, d_model).to(dtype)
+
+
+def sinusoidal_encoding_at(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """The paper's encoding of each of `positions` (a float tensor of any shape): shape (*positions.shape, d_model)."""
+    two_i = torch.arange(0, d_model, 2, device=positions.device, dtype=positions.dtype)
+    angles = positions[..., None] / torch.pow(10000.0, two_i / d_model)
+    encoding = positions.new_zeros(*positions.shape, d_model)
+    encoding[..., 0::2] = torch.sin(angles)
+    encoding[..., 1::2] = torch.cos(angles[..., : d_model // 2])
+    return encoding
 
 
 def tensor2tensor_position_encoding(
     num_positions: int, d_model: int, offset: int | torch.Tensor = 0, device=None, dtype=torch.float32
 ) -> torch.Tensor:
     """The authors' code (tensor2tensor, fairseq): [sin(pos w_i) | cos(pos w_i)], w_i = 10000^(-i/(d_model/2 - 1))."""
-    positions = torch.arange(num_positions, device=device, dtype=torch.float32) + offset
+    positions = torch.arange(num_positions, device=device, dtype=_angle_dtype(dtype)) + offset
+    return tensor2tensor_encoding_at(positions, d_model).to(dtype)
+
+
+def tensor2tensor_encoding_at(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """The authors' code's encoding of each of `positions` (a float tensor of any shape)."""
     half = d_model // 2
-    frequencies = torch.exp(torch.arange(half, device=device, dtype=torch.float32) * -(math.log(10000.0) / (half - 1)))
-    angles = positions[:, None] * frequencies[None, :]
-    encoding = torch.zeros(num_positions, d_model, device=device, dtype=torch.float32)  # odd d_model: last column 0
-    encoding[:, :half] = torch.sin(angles)
-    encoding[:, half : 2 * half] = torch.cos(angles)
-    return encoding.to(dtype)
+    steps = torch.arange(half, device=positions.device, dtype=positions.dtype)
+    frequencies = torch.exp(steps * -(math.log(10000.0) / (half - 1)))
+    angles = positions[..., None] * frequencies
+    encoding = positions.new_zeros(*positions.shape, d_model)  # odd d_model: last column 0
+    encoding[..., :half] = torch.sin(angles)
+    encoding[..., half : 2 * half] = torch.cos(angles)
+    return encoding
+
+
+def _angle_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Angles in float64 for a float64 model (exact far beyond training lengths), float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def positions_from_mask(
+    attention_mask: torch.Tensor, length: int, past_length: int | torch.Tensor = 0
+) -> torch.Tensor:
+    """Positions of tokens past_length..past_length+length-1 of a 2-D padding mask: each real token's number among the
+    real tokens up to it, minus one (cumsum(mask) - 1, as transformers' `generate` numbers left-padded prompts);
+    padding at 0."""
+    mask = attention_mask.long()
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    # index_select, not a slice: past_length may be a 0-d tensor (a static cache's length) inside a compiled graph.
+    return positions.index_select(-1, torch.arange(length, device=mask.device) + past_length)
+
+
+def _is_padding_mask(attention_mask) -> bool:
+    """A 2-D (batch, length) mask of real tokens (not a prepared 4-D mask or a flex-attention block mask)."""
+    return isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -72,23 +105,37 @@ class SinusoidalPositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.position_offset = position_offset
-        self.encode = tensor2tensor_position_encoding if layout == "tensor2tensor" else sinusoidal_position_encoding
+        self.encode = tensor2tensor_encoding_at if layout == "tensor2tensor" else sinusoidal_encoding_at
 
-    def forward(self, seq_len: int, offset: int | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        offset = offset + self.position_offset
-        return self.encode(seq_len, self.d_model, offset, device=like.device, dtype=like.dtype)
+    def forward(
+        self, seq_len: int, offset: int | torch.Tensor, like: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Encodings of positions offset..offset+seq_len-1 (seq_len, d_model), or of `position_ids` (batch, seq_len)."""
+        angle_dtype = _angle_dtype(like.dtype)
+        if position_ids is None:
+            positions = torch.arange(seq_len, device=like.device, dtype=angle_dtype) + offset
+        else:
+            positions = position_ids.to(device=like.device, dtype=angle_dtype)
+        return self.encode(positions + self.position_offset, self.d_model).to(like.dtype)
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
     """Table 3 row (E): learned positional embeddings, limited to `max_position_embeddings` positions."""
 
-    def forward(self, seq_len: int, offset: int | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        if not is_torchdynamo_compiling() and offset + seq_len > self.num_embeddings:
+    def forward(
+        self, seq_len: int, offset: int | torch.Tensor, like: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if position_ids is None:
+            positions = torch.arange(seq_len, device=self.weight.device) + offset
+            needed = None if is_torchdynamo_compiling() else offset + seq_len
+        else:
+            positions = position_ids.to(self.weight.device)
+            needed = None if is_torchdynamo_compiling() or positions.numel() == 0 else int(positions.max()) + 1
+        if needed is not None and needed > self.num_embeddings:
             raise ValueError(
-                f"Sequence of {offset + seq_len} positions is longer than the {self.num_embeddings} learned positions "
+                f"Sequence of {needed} positions is longer than the {self.num_embeddings} learned positions "
                 "(`max_position_embeddings`); truncate the input or use position_encoding='sinusoidal'."
             )
-        positions = torch.arange(seq_len, device=self.weight.device) + offset
         return super().forward(positions).to(like.dtype)
 
 
@@ -107,12 +154,14 @@ class TransformerEmbedding(nn.Module):
             )
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, input_ids=None, inputs_embeds=None, offset: int | torch.Tensor = 0) -> torch.Tensor:
+    def forward(
+        self, input_ids=None, inputs_embeds=None, offset: int | torch.Tensor = 0, position_ids=None
+    ) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = inputs_embeds * self.scale
-        hidden_states = hidden_states + self.embed_positions(hidden_states.shape[1], offset, like=hidden_states)
-        return self.dropout(hidden_states)
+        positions = self.embed_positions(hidden_states.shape[1], offset, like=hidden_states, position_ids=position_ids)
+        return self.dropout(hidden_states + positions)
 
 
 # 3.2 Attention -------------------------------------------------------------------------------------------------------
@@ -135,7 +184,10 @@ def eager_attention_forward(
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask
-    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    # Softmax in float32 for half precision, in float64 for a float64 model: cast to float32, its mask's minimum
+    # would be -inf, and a query that sees no key (the padding of a left-padded prompt) NaN, spreading to later layers.
+    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    weights = weights.to(query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()
     return output, weights
@@ -362,7 +414,10 @@ class VaswaniTransformerEncoder(VaswaniTransformerPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of input_ids or inputs_embeds to the encoder.")
         self._check_token_ids(input_ids, "input_ids")
-        hidden_states = self.embedding(input_ids, inputs_embeds)
+        # With a padding mask each real token takes the position it has alone, whichever side the padding is on.
+        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        position_ids = positions_from_mask(attention_mask, length) if _is_padding_mask(attention_mask) else None
+        hidden_states = self.embedding(input_ids, inputs_embeds, position_ids=position_ids)
         attention_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=hidden_states,
@@ -408,6 +463,7 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds=None,
         use_cache: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         if (input_ids is None) == (inputs_embeds is None):
@@ -421,8 +477,17 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         # Tokens already decoded: an int, or a 0-d tensor for static caches (positions stay in a compiled graph).
         past_length = cache.get_seq_length() if cache is not None else 0
-
-        hidden_states = self.embedding(input_ids, inputs_embeds, offset=past_length)
+        # Positions: given, else from the padding mask (a left-padded prompt's first real token is at 0, as when
+        # alone), else past_length onwards.
+        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        if position_ids is None and _is_padding_mask(attention_mask):
+            if isinstance(past_length, int) and attention_mask.shape[-1] != past_length + length:
+                raise ValueError(
+                    f"decoder_attention_mask has {attention_mask.shape[-1]} columns; it must cover the {past_length} "
+                    f"cached tokens and the {length} new ones ({past_length + length}), as in transformers' generate."
+                )
+            position_ids = positions_from_mask(attention_mask, length, past_length)
+        hidden_states = self.embedding(input_ids, inputs_embeds, offset=past_length, position_ids=position_ids)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=hidden_states,
@@ -498,6 +563,7 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
         inputs_embeds=None,
         decoder_inputs_embeds=None,
         use_cache: bool | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         if encoder_outputs is None:
@@ -518,6 +584,7 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
             cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
+            position_ids=decoder_position_ids,
             **kwargs,
         )
         return Seq2SeqModelOutput(
@@ -558,6 +625,14 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
     def set_output_embeddings(self, value: nn.Linear):
         self.lm_head = value
 
+    def prepare_inputs_for_generation(self, *args, **kwargs) -> dict:
+        """transformers' inputs for one decoding step, with decoder positions read from the 2-D decoder mask first:
+        for a static cache transformers turns that mask into a 4-D one, from which they can no longer be read."""
+        mask = kwargs.get("decoder_attention_mask")
+        if _is_padding_mask(mask) and kwargs.get("decoder_position_ids") is None:
+            kwargs["decoder_position_ids"] = positions_from_mask(mask, mask.shape[-1])  # sliced to the step's tokens
+        return super().prepare_inputs_for_generation(*args, **kwargs)
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Decoder inputs for ``labels``: the one place labels are shifted (``forward``, the trainer's loss)."""
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -576,6 +651,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         decoder_inputs_embeds=None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         if labels is not None:
@@ -592,6 +668,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
+            decoder_position_ids=decoder_position_ids,
             **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)

@@ -1,4 +1,5 @@
-"""Two processes under `accelerate launch --multi_gpu` with `--use_cpu` (gloo): different batches per rank, identical weights."""
+"""Two processes under `accelerate launch --multi_gpu` with `--use_cpu` (gloo): different batches per rank, identical
+weights; what `configs/accelerate/fsdp.yaml` does on CPUs, and FSDP's checkpoint layouts under the completeness rule."""
 
 import json
 import os
@@ -91,3 +92,119 @@ def test_two_processes_see_different_batches_and_hold_identical_weights(tmp_path
     assert state["global_step"] == 6
     summary = json.loads((out / "training_summary.json").read_text())["summary"]
     assert summary["num_processes"] == 2 and summary["target_tokens_seen"] > 0
+
+
+# ------------------------------------------------------------------------------------------------------------ FSDP
+
+FSDP_PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    from accelerate.state import AcceleratorState
+    from transformers import TrainerCallback
+    from vaswani_transformer.train import run_from_args
+
+    class Probe(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            from torch.distributed.fsdp import FSDPModule
+            rank = int(os.environ.get("RANK", "0"))
+            sharded = any(isinstance(m, FSDPModule) for m in model.modules())
+            with open(os.path.join(args.output_dir, f"fsdp_probe_rank{rank}.json"), "w") as f:
+                json.dump({"distributed_type": str(AcceleratorState().distributed_type), "sharded": sharded,
+                           "use_fsdp_env": os.environ.get("ACCELERATE_USE_FSDP"), "world_size": args.world_size}, f)
+
+    run_from_args(sys.argv[1:], callbacks=[Probe()])
+    """
+)
+
+
+@pytest.mark.slow
+def test_fsdp_config_on_cpu_runs_as_ddp_over_gloo_and_its_checkpoints_average(tmp_path):
+    """`accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 2 --mixed_precision no` and
+    train.py `--use_cpu` starts two processes asking for FSDP (ACCELERATE_USE_FSDP=true), but accelerate (1.15)
+    selects FSDP only on accelerators (GPU, XPU, NPU, ...): on CPUs the run is DDP over gloo and nothing is sharded.
+    The README says so; this test notices the day accelerate shards on CPUs too."""
+    from vaswani_transformer.checkpoints import average_checkpoints, checkpoint_problem
+
+    data = write_fixture(tmp_path / "data", n_train=200)
+    out = tmp_path / "out"
+    probe = tmp_path / "probe.py"
+    probe.write_text(FSDP_PROBE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+    config = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "fsdp.yaml"
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+        "--num_processes", "2", "--mixed_precision", "no", "--num_cpu_threads_per_process", "1",
+        "--main_process_port", str(free_port()), str(probe),
+        *tiny_args(data, out, "--max_steps", "4", "--save_steps", "2"),
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    ranks = [json.loads((out / f"fsdp_probe_rank{r}.json").read_text()) for r in (0, 1)]
+    for r in ranks:
+        assert r["world_size"] == 2 and r["use_fsdp_env"] == "true"  # the launcher did ask for FSDP
+        assert r["distributed_type"] == "DistributedType.MULTI_CPU" and not r["sharded"], (
+            f"accelerate now runs FSDP on CPUs ({r}): test FSDP training, resume and averaging here and update the "
+            "README table of distributed configurations"
+        )
+    for step in (2, 4):
+        assert checkpoint_problem(out / f"checkpoint-{step}", for_resume=True) is None
+    averaged = average_checkpoints(out, num_last=2, output_dir=tmp_path / "averaged")
+    assert [p.name for p in averaged.checkpoints] == ["checkpoint-2", "checkpoint-4"]
+
+
+def _fsdp_checkpoint(folder: Path, sharded: bool) -> Path:
+    """A checkpoint laid out as the Trainer writes it under FSDP (accelerate's save_fsdp_model/save_fsdp_optimizer):
+    SHARDED_STATE_DICT gives torch.distributed.checkpoint folders `pytorch_model_fsdp_0/` and `optimizer_0/` (written
+    here by torch's own writer, in one process) and no model.safetensors; FULL_STATE_DICT gives model.safetensors plus
+    `pytorch_model_fsdp.bin` and `optimizer.bin`."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from helpers import tiny_model
+
+    model = tiny_model()
+    weights = {k: v.contiguous() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.Adam(model.parameters())
+    model(input_ids=torch.tensor([[5, 6, 2]]), labels=torch.tensor([[7, 2]])).loss.backward()
+    optimizer.step()
+    folder.mkdir(parents=True)
+    if sharded:
+        dcp.save({"model": weights}, checkpoint_id=folder / "pytorch_model_fsdp_0")
+        dcp.save({"optimizer": optimizer.state_dict()["state"]}, checkpoint_id=folder / "optimizer_0")
+    else:
+        model.save_pretrained(folder)  # what Trainer.save_model writes from the gathered full state dict
+        torch.save(weights, folder / "pytorch_model_fsdp.bin")
+        torch.save(optimizer.state_dict(), folder / "optimizer.bin")
+    torch.save({"last_epoch": 1}, folder / "scheduler.pt")
+    torch.save({"cpu": torch.random.get_rng_state()}, folder / "rng_state_0.pth")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 2, "log_history": []}))
+    return folder
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process writes every shard
+def test_fsdp_checkpoints_resume_by_the_completeness_rule_and_sharded_ones_do_not_average(tmp_path):
+    """A sharded FSDP checkpoint is resumable (before: "missing model weights", so `--resume_from_checkpoint latest`
+    moved every one aside), unless a `.metadata` is missing (a rank killed while saving); averaging it is refused
+    naming the reason. A full-state-dict one is resumable and averages."""
+    from vaswani_transformer.checkpoints import (
+        average_checkpoints,
+        checkpoint_problem,
+        find_last_complete_checkpoint,
+    )
+
+    run = tmp_path / "run"
+    sharded = _fsdp_checkpoint(run / "checkpoint-2", sharded=True)
+    assert sorted(p.name for p in (sharded / "pytorch_model_fsdp_0").iterdir())[0] == ".metadata"
+    assert checkpoint_problem(sharded, for_resume=True) is None
+    assert find_last_complete_checkpoint(run) == str(sharded)
+    assert "sharded FSDP weights only (pytorch_model_fsdp_0/" in checkpoint_problem(sharded)
+    with pytest.warns(UserWarning, match="sharded FSDP weights only"), pytest.raises(ValueError, match="found only 0"):
+        average_checkpoints(run, num_last=1, output_dir=tmp_path / "avg")
+    (sharded / "optimizer_0" / ".metadata").unlink()  # the coordinator writes it last
+    assert "unfinished sharded optimizer_0/" in checkpoint_problem(sharded, for_resume=True)
+
+    full = _fsdp_checkpoint(tmp_path / "full" / "checkpoint-2", sharded=False)
+    assert checkpoint_problem(full, for_resume=True) is None and checkpoint_problem(full) is None
+    (full / "model.safetensors").unlink()
+    assert checkpoint_problem(full, for_resume=True) is None  # pytorch_model_fsdp.bin is what FSDP resumes from

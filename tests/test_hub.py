@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -265,3 +266,42 @@ def test_push_uploads_only_a_validated_folder(tmp_path, dry_run, caplog, capsys)
     assert api.calls == []
     captured = capsys.readouterr()
     assert token not in caplog.text + captured.out + captured.err
+
+
+@pytest.mark.slow
+def test_push_without_network_is_one_line_and_uploads_nothing(tmp_path, saved):
+    folder, _, _ = saved
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    token = "hf_not_a_real_token_0123456789"
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT=endpoint, HF_TOKEN=token, HF_HOME=str(tmp_path / "hf_home"), **SINGLE_THREAD_ENV)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), "--model_name_or_path", str(folder),
+         "--repo_id", "someone/tiny"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 1, output
+    assert output.splitlines() == [output] and "Traceback" not in output
+    assert output.startswith(f"error: cannot reach the Hub at {endpoint}: ") and output.endswith(
+        "; nothing was uploaded."
+    )
+    assert token not in output
+
+
+@pytest.mark.slow
+def test_dry_run_card_shows_its_pictures_by_relative_paths(dry_run):
+    """The card links its pictures relatively (they show on the Hub) and the folder push uploads holds them; a saved
+    model folder without a training run around it has no learning curve to show."""
+    import re
+
+    text = (dry_run / "README.md").read_text(encoding="utf-8")
+    images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
+    assert "learning_curve.png" not in images and not (dry_run / "learning_curve.png").exists()
+    try:
+        from vaswani_transformer.attention import write_card_attention_picture  # noqa: F401  (helper A's module)
+    except ImportError:
+        pytest.skip("vaswani_transformer.attention is not there: the card has no attention picture")
+    assert images == ["attention.png"] and (dry_run / "attention.png").read_bytes()[:4] == b"\x89PNG"
+    assert "> A man is riding a bicycle down the street.\n" in text  # no test set known: the card's example

@@ -8,8 +8,10 @@ import pytest
 from vaswani_transformer.data import ParallelDataError, load_parallel_dataset
 from vaswani_transformer.evaluation import read_segments
 from vaswani_transformer.textio import (
+    LineWriter,
     TextFileError,
     count_lines,
+    drop_partial_line,
     iter_text_files,
     one_line,
     read_lines,
@@ -67,3 +69,32 @@ def test_writing_keeps_one_text_per_line(tmp_path):
     assert write_lines(["x\ny", "", "Grüße\r\n"], path) == 3
     assert path.read_bytes() == "x y\n\nGrüße \n".encode("utf-8")
     assert read_lines(path)[0] == ["x y", "", "Grüße "]
+
+
+def test_a_directory_is_named_as_one(tmp_path):
+    with pytest.raises(IsADirectoryError, match=r"is a directory, not a text file") as error:
+        read_lines(tmp_path)
+    assert isinstance(error.value, FileNotFoundError)  # the CLIs report bad paths by catching FileNotFoundError
+
+
+def test_line_writer_appends_whole_lines_and_a_partial_last_line_is_cut(tmp_path):
+    path = tmp_path / "sub" / "hyp.txt"
+    with LineWriter(path) as writer:
+        assert writer.write(["a\nb", ""]) == 2
+        assert path.read_bytes() == b"a b\n\n"  # flushed at once, before the writer is closed
+        writer.write(["Grüße"])
+    assert writer.lines == 3
+    with LineWriter(path, append=True) as writer:
+        writer.write(["d"])
+    assert path.read_bytes() == "a b\n\nGrüße\nd\n".encode("utf-8")
+    assert drop_partial_line(path) == 0 and count_lines(path) == 4
+    # a process killed in the middle of a write leaves a last line without its line break
+    with open(path, "ab") as f:
+        f.write("half a li".encode("utf-8"))
+    assert drop_partial_line(path) == len("half a li")
+    assert path.read_bytes() == "a b\n\nGrüße\nd\n".encode("utf-8")
+    big = tmp_path / "big.txt"  # the last line break lies more than one block (64 KiB) back
+    big.write_bytes(b"x\n" + b"y" * 200_000)
+    assert drop_partial_line(big) == 200_000 and big.read_bytes() == b"x\n"
+    big.write_bytes(b"z" * 70_000)
+    assert drop_partial_line(big) == 70_000 and big.read_bytes() == b""

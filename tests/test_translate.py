@@ -3,8 +3,11 @@ named by line."""
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,14 @@ import torch
 
 import vaswani_transformer  # noqa: F401
 from vaswani_transformer.textio import one_line
-from vaswani_transformer.translate import check_model_folder, load_model_and_tokenizer, translate_lines
+from vaswani_transformer.translate import (
+    check_model_folder,
+    iter_translations,
+    load_model_and_tokenizer,
+    main,
+    translate_file,
+    translate_lines,
+)
 
 from helpers import (
     SINGLE_THREAD_ENV,
@@ -147,11 +157,12 @@ def test_cli_errors_name_the_problem(tmp_path, saved):
     output = tmp_path / "hyp.txt"
     strict = run_cli("--model", folder, "--input", source, "--output", output, "--strict")
     assert strict.returncode == 1 and f"{source}:3: the source has" in strict.stderr.decode()
-    assert not output.exists()
+    assert output.read_bytes() == b""  # the output is opened first; nothing before line 3's window was finished
 
     source.write_bytes(b"fine\n\xc3\x28 broken\n")
     bad = run_cli("--model", folder, "--input", source, "--output", output)
-    assert bad.returncode == 1 and f"{source}:2: invalid UTF-8" in bad.stderr.decode() and not output.exists()
+    assert bad.returncode == 1 and f"{source}:2: invalid UTF-8" in bad.stderr.decode()
+    assert output.read_bytes() == b""
 
     incomplete = tmp_path / "incomplete"
     incomplete.mkdir()
@@ -160,3 +171,112 @@ def test_cli_errors_name_the_problem(tmp_path, saved):
     message = missing.stderr.decode()
     assert missing.returncode == 1 and "config.json" in message and "the weights" in message
     assert "the tokenizer" not in message
+
+
+# ------------------------------------------------------------------------------ streaming, interrupting, resuming
+
+
+def test_windows_translate_the_same_and_read_the_input_lazily(saved, caplog):
+    folder, model, tokenizer = saved
+    expected = reference(model, tokenizer, LINES)
+    for window in (2, None):  # windows of 2 lines; everything in one window
+        assert translate_lines(model, tokenizer, LINES, window=window, max_tokens=24, source_name="in.txt") == expected
+    assert "in.txt:3: the source has" in caplog.text  # line numbers count across windows
+    read = []
+
+    def source():
+        for line in LINES * 2:
+            read.append(line)
+            yield line
+
+    translations = iter_translations(model, tokenizer, source(), window=3)
+    assert next(translations) == expected[0] and len(read) == 3  # only the first window has been read
+    assert [expected[0], *translations] == expected * 2
+
+
+def test_resume_refuses_what_it_cannot_continue(tmp_path, saved, capsys):
+    folder, model, tokenizer = saved
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("a\nb\n", encoding="utf-8")
+    output.write_text("1\n2\n3\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"out.txt holds 3 lines but .*in.txt only 2: not its translation"):
+        translate_file(model, tokenizer, source, output, resume=True)
+    assert main(["--model_name_or_path", str(folder), "--input", str(source), "--resume"]) == 1
+    assert "error: --resume needs --output FILE" in capsys.readouterr().err
+
+
+def _wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_bytes().count(b"\n") >= count):
+        assert process.poll() is None, f"exited with {process.returncode} before writing {count} lines"
+        assert time.monotonic() < deadline, f"{count} lines not written in {timeout} s"
+        time.sleep(0.05)
+
+
+def _popen(*args, stdin=None, stderr=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **SINGLE_THREAD_ENV}
+    return subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args), "--no-progress"], stdin=stdin,
+                            stdout=subprocess.DEVNULL, stderr=stderr, env=env)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_cli_streams_stops_on_sigterm_and_resumes(tmp_path, saved):
+    folder, model, tokenizer = saved
+    lines = SOURCES + SOURCES[::-1][:4]  # 10 lines, windows of 2
+    expected = [one_line(t) for t in translate_lines(model, tokenizer, lines, window=2, max_tokens=24)]
+    output, errors = tmp_path / "out" / "hyp.txt", tmp_path / "stderr.txt"
+    with open(errors, "wb") as stderr:
+        process = _popen("--model", folder, "--output", output, "--window", 2, "--max_tokens", 24,
+                         stdin=subprocess.PIPE, stderr=stderr)  # fmt: skip
+        try:
+            # stdin stays open: each window's translations must be written before the next window is even sent
+            for end in (2, 4):
+                process.stdin.write("".join(line + "\n" for line in lines[end - 2 : end]).encode("utf-8"))
+                process.stdin.flush()
+                _wait_for_lines(output, end, process)
+            process.stdin.write((lines[4] + "\n").encode("utf-8"))  # half of the third window
+            process.stdin.flush()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=120) == 143
+        finally:
+            process.kill()
+    message = errors.read_text(encoding="utf-8")
+    assert message.strip().splitlines()[-1] == f"interrupted: 4 lines written to {output} (resume with --resume)"
+    assert "Traceback" not in message
+    assert output.read_text(encoding="utf-8").split("\n") == expected[:4] + [""]
+
+    with open(output, "ab") as f:
+        f.write("Ein halb".encode("utf-8"))  # what a run killed in the middle of a write could leave
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    resumed = run_cli("--model", folder, "--input", source, "--output", output, "--window", 2, "--max_tokens", 24,
+                      "--resume")  # fmt: skip
+    message = resumed.stderr.decode()
+    assert resumed.returncode == 0, message
+    assert "dropped the partial last line" in message and "translating from line 5" in message
+    assert output.read_text(encoding="utf-8").split("\n") == expected + [""]
+
+
+@pytest.mark.slow
+def test_cli_sigint_while_translating_keeps_every_finished_line(tmp_path, saved):
+    folder, model, tokenizer = saved
+    lines = (SOURCES * 500)[:3000]
+    source, output, errors = tmp_path / "in.txt", tmp_path / "hyp.txt", tmp_path / "stderr.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with open(errors, "wb") as stderr:
+        process = _popen("--model", folder, "--input", source, "--output", output, "--window", 2, stderr=stderr)
+        try:
+            _wait_for_lines(output, 3, process)
+            process.send_signal(signal.SIGINT)
+            assert process.wait(timeout=120) == 130
+        finally:
+            process.kill()
+    message = errors.read_text(encoding="utf-8")
+    last = message.strip().splitlines()[-1]
+    pattern = rf"interrupted: (\d+) of 3000 lines written to {re.escape(str(output))} \(resume with --resume\)"
+    match = re.fullmatch(pattern, last)
+    assert match and "Traceback" not in message, message
+    written = int(match.group(1))
+    assert 3 <= written < 3000
+    expected = translate_lines(model, tokenizer, lines[: written + 1], window=2)[:written]
+    assert output.read_text(encoding="utf-8").split("\n") == [one_line(t) for t in expected] + [""]

@@ -11,9 +11,11 @@ the config, generation config and tokenizer. :func:`main` is the command line (`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import pickle
 import re
 import sys
 import warnings
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -36,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 TRAINER_STATE_NAME = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME (not importable cheaply)
 AVERAGING_RECORD_NAME = "averaged_checkpoints.json"
+# accelerate's FSDP checkpoint files (accelerate.utils.constants.FSDP_MODEL_NAME): `pytorch_model_fsdp.bin` with
+# fsdp_state_dict_type FULL_STATE_DICT, a torch.distributed.checkpoint folder `pytorch_model_fsdp_0/` with SHARDED
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
 DEFAULT_NUM_LAST = 5  # the paper's base models
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
@@ -88,28 +93,50 @@ def file_problem(path: os.PathLike | str) -> str | None:
     return None
 
 
+def sharded_folder_problem(folder: os.PathLike | str) -> str | None:
+    """Why a torch.distributed.checkpoint folder (FSDP's `pytorch_model_fsdp_0/`, `optimizer_0/`) is not whole, or
+    None: its `.metadata`, which the coordinating rank writes (through a temporary file renamed into place) only
+    after every rank wrote its `*.distcp` shards, must be there and non-empty, next to at least one shard."""
+    folder = Path(folder)
+    metadata = folder / ".metadata"
+    if not metadata.is_file() or metadata.stat().st_size == 0:
+        return f"unfinished sharded {folder.name}/ (no .metadata: the ranks did not all finish writing it)"
+    if not any(folder.glob("*.distcp")):
+        return f"sharded {folder.name}/ has no .distcp shard"
+    return None
+
+
 def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str | None:
     """Why `path` is not a complete Trainer checkpoint, or None when it is: the one rule for averaging and resuming.
 
     Complete means every file in it loads (`file_problem`: safetensors header and size agree, JSON parses, torch
     archives are whole) and the needed files exist: `trainer_state.json` (the Trainer writes it last, so without it
     the checkpoint was left half-written by a run killed while saving) and the weights (`model.safetensors` for
-    averaging; any weights format the Trainer saves, plus the optimizer and scheduler states, for resuming).
+    averaging; any weights format the Trainer saves, plus the optimizer and scheduler states, for resuming). FSDP's
+    sharded folders (`pytorch_model_fsdp_0/`, `optimizer_0/`) must be whole (`sharded_folder_problem`); they resume
+    but do not average (no `model.safetensors`: the shipped FSDP config saves full state dicts).
     """
     path = Path(path)
     if not path.is_dir():
         return "not a directory"
-    weight_files = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_NAME + ".index.json", "pytorch_model.bin")
-    if for_resume and not any((path / name).is_file() for name in weight_files):
+    weight_files = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_NAME + ".index.json", "pytorch_model.bin", f"{FSDP_MODEL_NAME}.bin")
+    sharded = path / f"{FSDP_MODEL_NAME}_0"  # FSDP with SHARDED_STATE_DICT: resumable, no model.safetensors
+    if for_resume and not (any((path / name).is_file() for name in weight_files) or sharded.is_dir()):
         return "missing model weights"
     if not for_resume and not (path / SAFE_WEIGHTS_NAME).is_file():
+        if sharded.is_dir():
+            return (f"sharded FSDP weights only ({sharded.name}/, fsdp_state_dict_type SHARDED_STATE_DICT), no "
+                    f"{SAFE_WEIGHTS_NAME}: train with FULL_STATE_DICT (configs/accelerate/fsdp.yaml) to average")
         return f"missing {SAFE_WEIGHTS_NAME}"
     if not (path / TRAINER_STATE_NAME).is_file():
         return f"missing {TRAINER_STATE_NAME} (checkpoint not finished)"
     if for_resume and not (any(path.glob("optimizer*")) and any(path.glob("scheduler*"))):
         return "missing optimizer or scheduler state"
     for file in sorted(path.iterdir()):
-        problem = file_problem(file) if file.is_file() else None
+        if file.is_dir() and (file.name.startswith(f"{FSDP_MODEL_NAME}_") or file.name.startswith("optimizer_")):
+            problem = sharded_folder_problem(file)
+        else:
+            problem = file_problem(file) if file.is_file() else None
         if problem is not None:
             return problem
     index = path / (SAFE_WEIGHTS_NAME + ".index.json")
@@ -119,6 +146,62 @@ def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str
         if absent:
             return f"missing weight shard(s) {absent}"
     return None
+
+
+class UnsafePickleError(pickle.UnpicklingError, ValueError):
+    """A pickled weights file (`pytorch_model.bin`) that torch's weights-only loader refused: it holds more than
+    tensors, and unpickling it could run code."""
+
+
+def pickle_refusal_reason(error: BaseException) -> str:
+    """The one line of torch's weights-only refusal that names what was refused (e.g. `Unsupported global: GLOBAL
+    exec ...`), without its advice to load with `weights_only=False`."""
+    found = re.search(r"WeightsUnpickler error: ([^\n]*?)\.? Please", str(error))
+    return found.group(1) if found else (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+@contextlib.contextmanager
+def weights_load_errors(source: os.PathLike | str):
+    """Name `source` in the errors of loading its weights (`from_pretrained` inside this block), as one-line
+    ValueErrors that command lines print: a pickled `.bin` that torch's weights-only loader refused
+    (`UnsafePickleError`), a truncated or corrupt safetensors file, tensors whose shapes do not fit `config.json`."""
+    try:
+        yield
+    except UnsafePickleError:
+        raise
+    except pickle.UnpicklingError as error:
+        raise UnsafePickleError(
+            f"{source}: refused to load its pickled weights ({pickle_refusal_reason(error)}): the pickle holds more "
+            "than tensors and could run code. Nothing was executed; convert weights you trust to safetensors."
+        ) from None
+    except SafetensorError as error:
+        raise ValueError(f"{source}: unreadable weights (a truncated or corrupt safetensors file: {error}).") from None
+    except RuntimeError as error:
+        if "ignore_mismatched_sizes" not in str(error):
+            raise
+        raise ValueError(
+            f"{source}: the weights do not fit its config.json (tensors of another shape, listed in the load report "
+            "above): the weights belong to another model configuration."
+        ) from None
+
+
+def load_trained_model(source: os.PathLike | str, **kwargs):
+    """``AutoModelForSeq2SeqLM.from_pretrained(source, **kwargs)`` for translating, evaluating or exporting: errors of
+    loading named in one line (`weights_load_errors`), and weights that leave any of the model's tensors missing
+    (another architecture's names) refused, where transformers would start those tensors from random values."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    with weights_load_errors(source):
+        model, info = AutoModelForSeq2SeqLM.from_pretrained(source, output_loading_info=True, **kwargs)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        listed = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise ValueError(
+            f"{source}: its weights lack {len(missing)} of the model's tensors ({listed}): they were saved from "
+            "another model; refusing to use random values in their place."
+        )
+    return model
+
 
 # ---------------------------------------------------------------------------------------- latest, resume
 
@@ -391,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.num_last < 0:
         parser.error(f"--num_last must be >= 0, got {args.num_last}.")
 
+    if problem := cli.output_path_problem(args.output_dir, "--output_dir", directory=True):
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     source = args.checkpoints[0] if len(args.checkpoints) == 1 else args.checkpoints
     try:
         result = average_checkpoints(source, num_last=args.num_last or None, output_dir=args.output_dir)
@@ -404,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "AveragingResult",
+    "UnsafePickleError",
     "average_checkpoints",
     "average_last_checkpoints",
     "checkpoint_problem",
@@ -412,5 +499,9 @@ __all__ = [
     "find_checkpoints",
     "find_last_complete_checkpoint",
     "main",
+    "pickle_refusal_reason",
+    "sharded_folder_problem",
     "resolve_resume_checkpoint",
+    "load_trained_model",
+    "weights_load_errors",
 ]

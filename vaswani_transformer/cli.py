@@ -1,11 +1,14 @@
-"""Shared command-line behaviour: options are spelled in full (no prefix abbreviations) and an unknown option or
-recipe key gets a "did you mean" from the valid names."""
+"""Shared command-line behaviour: options are spelled in full (no prefix abbreviations), an unknown option or
+recipe key gets a "did you mean" from the valid names, and an output path that cannot be written is named before any
+work (`output_path_problem`)."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 
 def did_you_mean(name: str, valid: Iterable[str], aliases: dict[str, str] | None = None, quote: bool = False) -> str:
@@ -42,6 +45,29 @@ def unknown_arguments_message(parser: argparse.ArgumentParser, extras: Sequence[
     return "; ".join(parts) + ". Run with --help for the valid options."
 
 
+def output_path_problem(path: str | os.PathLike, option: str, directory: bool = False) -> str | None:
+    """Why ``path``, the value of ``option``, cannot be written (as a folder when ``directory``), or None: a file
+    where a folder must be (the path or one of its parents), a folder where a file must be, or a folder that is not
+    writable. Checked before any work, so that a run does not end on it."""
+    path = Path(path)
+    if path.exists():
+        if directory and not path.is_dir():
+            return f"{option} {path} is a file, not a folder."
+        if not directory and path.is_dir():
+            return f"{option} {path} is a folder, not a file."
+        if not os.access(path if directory else path.parent, os.W_OK | os.X_OK):
+            return f"{option} {path} is not writable (permission denied)."
+        return None
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{option} {path}: {parent} is a file, not a folder."
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{option} {path}: cannot create it in {parent} (permission denied)."
+    return None
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` without prefix abbreviations (``--max_step`` is not ``--max_steps``) whose unknown
     options get a "did you mean" instead of the bare "unrecognized arguments"."""
@@ -57,4 +83,4 @@ class ArgumentParser(argparse.ArgumentParser):
         return namespace
 
 
-__all__ = ["ArgumentParser", "did_you_mean", "long_options", "unknown_arguments_message"]
+__all__ = ["ArgumentParser", "did_you_mean", "long_options", "output_path_problem", "unknown_arguments_message"]

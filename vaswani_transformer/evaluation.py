@@ -28,9 +28,10 @@ from typing import Any
 import evaluate
 import numpy as np
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from . import cli
+from .checkpoints import load_trained_model
 from .data import check_parallel_text_files, resolve_text_pair
 from .generation import PAPER_GENERATION_DEFAULTS
 from .metrics.paper_bleu.paper_bleu import (
@@ -41,6 +42,7 @@ from .metrics.paper_bleu.paper_bleu import (
     tokenized_bleu,
 )
 from .textio import iter_lines, write_lines
+from .tokenization import check_vocabulary_fits
 from .translate import add_decoding_arguments, decoding_arguments, translate_lines
 
 
@@ -311,7 +313,8 @@ def evaluate_model(
         model_name = str(model_or_path)
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(model_or_path)
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_or_path)
+        model = load_trained_model(model_or_path)  # one-line errors: unsafe pickle, truncated, other shapes/names
+        check_vocabulary_fits(tokenizer, model.config, model_name)  # before translating anything
     else:
         model = model_or_path
         model_name = getattr(model, "name_or_path", None) or type(model).__name__
@@ -426,6 +429,10 @@ def main(argv=None) -> int:
     """`vaswani-evaluate` / `scripts/evaluate_model.py`: prints the report; exit status 1 with an error line for
     bad input."""
     args = parse_args(argv)
+    for option, path in (("--output_json", args.output_json), ("--hypotheses_file", args.hypotheses_file)):
+        if path is not None and (problem := cli.output_path_problem(path, option)):
+            print(f"error: {problem}", file=sys.stderr)  # before translating anything
+            return 1
     try:
         if args.hypotheses:
             check_parallel_text_files(args.hypotheses, args.reference)  # error naming both files and counts

@@ -31,6 +31,7 @@ import torch
 from transformers import FSMTTokenizer
 
 from . import cli
+from .checkpoints import pickle_refusal_reason
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
 from .modeling_vaswani_transformer import VaswaniTransformerForConditionalGeneration
 
@@ -210,7 +211,7 @@ def load_checkpoint(path: str, unsafe_pickle: bool = False) -> dict:
         raise ValueError(
             f"{path} holds Python objects beyond tensors and argparse.Namespace (newer fairseq checkpoints store an "
             "omegaconf config): pass --unsafe_pickle (unsafe_pickle=True) for a checkpoint you trust, with omegaconf "
-            f"installed. ({error})"
+            f"installed. ({pickle_refusal_reason(error)})"
         ) from error
 
 

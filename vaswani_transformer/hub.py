@@ -22,12 +22,15 @@ Functions:
   with `trust_remote_code=True`, and checks that the pipeline translates a sentence exactly like `generate` + decode.
 - `push_repository(folder, repo_id, ...)`: validates, then creates the repo and uploads the folder; refuses to upload
   a folder that fails validation. The token comes from the usual login or environment and is never printed.
+  A Hub that does not answer (no network, a wrong `HF_ENDPOINT`, offline mode) is a `HubUnreachableError`: one line,
+  "cannot reach the Hub at <endpoint>: <reason>; nothing was uploaded" (`check_hub_reachable` asks it first).
 - `main(argv)`: the command line `vaswani-push` (also `scripts/push_to_hub.py`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -42,9 +45,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from huggingface_hub import HfApi, ModelCard
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from . import cli
+from .checkpoints import load_trained_model
 from .card import (
     EXAMPLE_SENTENCE,
     as_reports,
@@ -72,6 +76,57 @@ DEFAULT_COMMIT_MESSAGE = "Upload Transformer (Vaswani et al., 2017) translation 
 
 class RepositoryValidationError(RuntimeError):
     """The folder does not load or translate in a clean Python with only transformers (see `validate_repository`)."""
+
+
+class HubUnreachableError(ConnectionError):
+    """No answer from the Hub (no network, a wrong HF_ENDPOINT, offline mode); the message never holds the token."""
+
+    def __init__(self, endpoint: str, error: BaseException):
+        reason = str(error).rstrip(". ") or type(error).__name__
+        for token in {os.environ.get("HF_TOKEN"), _stored_token()} - {None, ""}:
+            reason = reason.replace(token, "<token>")
+        super().__init__(f"cannot reach the Hub at {endpoint}: {reason}; nothing was uploaded.")
+        self.endpoint = endpoint
+
+
+def _stored_token() -> str | None:
+    try:
+        from huggingface_hub import get_token
+
+        return get_token()
+    except Exception:  # noqa: BLE001 - only used to keep a token out of a message
+        return None
+
+
+def hub_transport_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean the server gave no answer: Python's, and those of the HTTP client huggingface_hub uses
+    (httpx for huggingface_hub 1.x, httpx2 for 2.x); an HTTP error status is an answer and is not among them."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, name in (("httpx", "TransportError"), ("httpx2", "TransportError"), ("requests", "ConnectionError")):
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def hub_endpoint(api=None) -> str:
+    """The Hub's address: `api.endpoint`, else HF_ENDPOINT (https://huggingface.co by default)."""
+    from huggingface_hub import constants
+
+    return getattr(api, "endpoint", None) or constants.ENDPOINT
+
+
+def check_hub_reachable(endpoint: str | None = None, timeout: float = 10) -> None:
+    """Raise `HubUnreachableError` unless the Hub at `endpoint` (default `hub_endpoint()`) answers a HEAD request
+    (with any status), through huggingface_hub's own HTTP session (its proxies, offline mode and headers)."""
+    from huggingface_hub.utils import get_session
+
+    endpoint = endpoint or hub_endpoint()
+    try:
+        get_session().head(endpoint, timeout=timeout)
+    except hub_transport_errors() as error:
+        raise HubUnreachableError(endpoint, error) from None
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -211,8 +266,11 @@ def export_repository(
             check_model_folder(source)
             if training_info is None:
                 training_info = training_info_from_run(source) or training_info_from_run(source.parent) or None
+            # The card's learning curve: the run holding trainer_state.json (the model folder, or the run around it).
+            runs = [d for d in (source, source.parent) if (d / "trainer_state.json").is_file()]
+            card_options.setdefault("training_run", runs[0] if runs else None)
         tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model)
-        model = AutoModelForSeq2SeqLM.from_pretrained(model)
+        model = load_trained_model(model)  # one-line errors: unsafe pickle, truncated, other shapes/names
     elif tokenizer is None:
         raise ValueError("Pass `tokenizer` when `model` is a model object.")
     if getattr(model.config, "model_type", None) != "vaswani_transformer":
@@ -336,14 +394,17 @@ def push_repository(
     report = validate_repository(folder, validation_sentence)
     logger.info("Validated %s in a clean Python: %r -> %r", folder, validation_sentence, report["translation"])
     api = api if api is not None else HfApi()
-    repo_url = api.create_repo(repo_id, token=token, private=private, repo_type="model", exist_ok=True)
-    repo_id = getattr(repo_url, "repo_id", None) or repo_id
-    if revision is not None:
-        api.create_branch(repo_id, branch=revision, token=token, repo_type="model", exist_ok=True)
-    commit = api.upload_folder(
-        repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision, token=token,
-        commit_message=commit_message,
-    )
+    try:
+        repo_url = api.create_repo(repo_id, token=token, private=private, repo_type="model", exist_ok=True)
+        repo_id = getattr(repo_url, "repo_id", None) or repo_id
+        if revision is not None:
+            api.create_branch(repo_id, branch=revision, token=token, repo_type="model", exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision, token=token,
+            commit_message=commit_message,
+        )
+    except hub_transport_errors() as error:
+        raise HubUnreachableError(hub_endpoint(api), error) from None
     return str(getattr(commit, "commit_url", commit))
 
 
@@ -388,8 +449,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--eval_results", "--eval-results", action="append", default=[],
                         help="Evaluation JSON written by vaswani-evaluate; repeat for several test sets.")
     parser.add_argument("--training_run", "--training-run",
-                        help="Training output folder to read the recipe from (default: the model folder, then its "
-                        "parent).")  # fmt: skip
+                        help="Training output folder to read the recipe and learning curve from (default: the model "
+                        "folder, then its parent).")  # fmt: skip
     parser.add_argument("--model_name", "--model-name", help="Title of the model card (default: from the repo id).")
     parser.add_argument("--validation_sentence", "--validation-sentence", help=f"Default: {EXAMPLE_SENTENCE!r}.")
     return parser.parse_args(argv)
@@ -402,13 +463,22 @@ def main(argv=None) -> int:
     if args.output_dir is None and args.repo_id is None:
         print("error: give --output_dir (dry run) or --repo_id (upload).", file=sys.stderr)
         return 2
+    if args.output_dir is not None and (problem := cli.output_path_problem(args.output_dir, "--output_dir", True)):
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     card_options = dict(source_lang=args.source_lang, target_lang=args.target_lang, datasets=args.dataset or None,
                         model_name=args.model_name, repo_id=args.repo_id)  # fmt: skip
     if args.license is not None:
         card_options["license"] = args.license
     sentence = {} if args.validation_sentence is None else {"sentence": args.validation_sentence}
     training_info = training_info_from_run(args.training_run) if args.training_run else None
+    if args.training_run:
+        card_options["training_run"] = args.training_run  # its learning curve goes into the card
     try:
+        if args.output_dir is None:  # an upload: ask the Hub first, before minutes of export and validation
+            if os.path.isdir(args.model_name_or_path):
+                check_model_folder(args.model_name_or_path)
+            check_hub_reachable()
         with tempfile.TemporaryDirectory(prefix="vaswani-hub-") as scratch:
             folder = export_repository(
                 args.model_name_or_path, args.output_dir or scratch, training_info=training_info,
@@ -426,6 +496,9 @@ def main(argv=None) -> int:
     except RepositoryValidationError as error:
         print(f"error: refusing to upload: {error}", file=sys.stderr)
         return 1
+    except HubUnreachableError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except (FileNotFoundError, FileExistsError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -435,7 +508,9 @@ def main(argv=None) -> int:
 __all__ = [
     "CODE_FILES",
     "HIDE_PACKAGE_CODE",
+    "HubUnreachableError",
     "RepositoryValidationError",
+    "check_hub_reachable",
     "custom_pipelines_entry",
     "export_repository",
     "main",

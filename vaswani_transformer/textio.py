@@ -5,6 +5,9 @@
 - Invalid UTF-8 is a `TextFileError` (a ValueError) naming the file and line: `train.de:3: invalid UTF-8 (...)`.
 - Writing puts one text per line: line breaks inside a text become spaces (`one_line`), so line N of the output
   always belongs to line N of the input.
+- Streaming: `LineWriter` writes lines as they are done (each call one write of whole lines, then a flush), and
+  `drop_partial_line` removes what a killed run may leave after the last line break, so that a file holds only
+  complete lines and `--resume` can continue it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ _BOM = "\ufeff"
 
 class TextFileError(ValueError):
     """Unreadable text input; the message names the file and line."""
+
+
+class DirectoryNotFileError(IsADirectoryError, FileNotFoundError):
+    """A directory given where a text file must be; also a FileNotFoundError, which callers report for bad paths."""
 
 
 def is_stdio(path: PathLike | None) -> bool:
@@ -44,6 +51,8 @@ def iter_lines(path: PathLike | None) -> Iterator[str]:
         for number, raw in enumerate(sys.stdin.buffer, start=1):
             yield decode_line(raw, STDIN_NAME, number)
         return
+    if os.path.isdir(path):
+        raise DirectoryNotFileError(f"{path} is a directory, not a text file.")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file.")
     with open(path, "rb") as f:
@@ -77,25 +86,76 @@ def one_line(text: str) -> str:
     return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
 
 
+class LineWriter:
+    """Writes texts one per line (`one_line`, UTF-8) to a file (parents created; `append=True` continues it) or to
+    stdout (None or "-"), as they come: each `write` is one write of whole lines followed by a flush, so what was
+    written is on disk (or in the pipe) even if the process dies right after. `lines`: how many this writer wrote."""
+
+    def __init__(self, path: PathLike | None = None, append: bool = False):
+        self.path, self.lines = path, 0
+        if is_stdio(path):
+            sys.stdout.flush()
+            self._file, self._close = sys.stdout.buffer, False
+        else:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file, self._close = open(path, "ab" if append else "wb"), True
+
+    def write(self, texts: Iterable[str]) -> int:
+        """Write `texts` as lines and flush; returns how many."""
+        texts = [one_line(text) for text in texts]
+        if texts:
+            self._file.write("".join(text + "\n" for text in texts).encode("utf-8"))
+            self._file.flush()
+            self.lines += len(texts)
+        return len(texts)
+
+    def close(self) -> None:
+        if self._close:
+            self._file.close()
+        else:
+            self._file.flush()
+
+    def __enter__(self) -> LineWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def write_lines(lines: Iterable[str], path: PathLike | None = None) -> int:
     """Write one text per line (`one_line`), UTF-8 whatever the locale, to a file (parents created) or to stdout
     when `path` is None or "-"; returns the number of lines written."""
-    lines = [one_line(text) for text in lines]
-    data = "".join(text + "\n" for text in lines).encode("utf-8")
-    if is_stdio(path):
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    else:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_bytes(data)
-    return len(lines)
+    with LineWriter(path) as writer:
+        return writer.write(lines)
+
+
+def drop_partial_line(path: PathLike) -> int:
+    """Cut a file back to its last line break (what a process killed in the middle of a write can leave behind
+    is a last line without one); returns the number of bytes removed."""
+    size = os.path.getsize(path)
+    with open(path, "rb+") as f:
+        end = size
+        while end > 0:  # look backwards for the last b"\n", a block at a time
+            start = max(0, end - (1 << 16))
+            f.seek(start)
+            block = f.read(end - start)
+            if start + len(block) == size and block.endswith(b"\n"):
+                return 0
+            if (cut := block.rfind(b"\n")) >= 0:
+                end = start + cut + 1
+                break
+            end = start
+        f.truncate(end)
+    return size - end
 
 
 __all__ = [
+    "DirectoryNotFileError",
+    "LineWriter",
     "TextFileError",
     "count_lines",
     "decode_line",
+    "drop_partial_line",
     "is_stdio",
     "iter_lines",
     "iter_text_files",

@@ -233,6 +233,18 @@ def config_kwargs_from_tokenizer(tokenizer: PreTrainedTokenizerFast) -> dict[str
     }
 
 
+def check_vocabulary_fits(tokenizer, config: Any, where: str) -> None:
+    """ValueError naming `where` when the tokenizer has more tokens than the model has embedding rows: its ids would
+    fall outside the vocabulary (a tokenizer and a model that do not belong together). The one rule of
+    `check_tokenizer_matches_config` that holds for every model, ours or imported."""
+    size, config_size = len(tokenizer), getattr(config, "vocab_size", None)
+    if config_size is not None and size > config_size:
+        raise ValueError(
+            f"{where}: the tokenizer has {size} tokens but the model's vocabulary has {config_size} "
+            "(config.json vocab_size): they do not belong together."
+        )
+
+
 def check_tokenizer_matches_config(tokenizer: PreTrainedTokenizerFast, config: Any) -> None:
     """Raise ``ValueError`` naming every disagreement between a tokenizer and a model config.
 

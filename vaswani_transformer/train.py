@@ -41,7 +41,7 @@ from transformers import (
 )
 
 from .checkpoints import average_last_checkpoints, resolve_resume_checkpoint
-from .cli import did_you_mean, unknown_arguments_message
+from .cli import did_you_mean, output_path_problem, unknown_arguments_message
 from .configuration_vaswani_transformer import VaswaniTransformerConfig, preset_training_arguments
 from .data import (
     SOURCE_LENGTH_COLUMN,
@@ -56,7 +56,14 @@ from .pipeline import source_length_limit, truncate_source
 from .synthetic import TASK_LANGUAGES, write_synthetic_task
 from .textio import write_lines
 from .tokenization import check_tokenizer_matches_config, config_kwargs_from_tokenizer, train_tokenizer
-from .trainer import LR_SCHEDULES, VaswaniSeq2SeqTrainer, gradient_accumulation_for, keep_freed_cpu_memory
+from .trainer import (
+    LR_SCHEDULES,
+    CheckpointWriteError,
+    NonFiniteLossError,
+    VaswaniSeq2SeqTrainer,
+    gradient_accumulation_for,
+    keep_freed_cpu_memory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -549,13 +556,26 @@ def run_from_args(argv: list[str] | None = None, callbacks: list | None = None) 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line of training (``scripts/train.py``, ``vaswani-train``); a bad command line or recipe is one error
-    line and exit status 2, as argparse answers."""
+    line and exit status 2, as argparse answers; bad input met while running (data files, tokenizer, model config,
+    checkpoint: a ValueError or FileNotFoundError naming it), a loss that is not finite and a checkpoint write that failed
+    (disk full) are one error line and exit status 1."""
     try:
         arguments = parse_arguments(argv)
     except (ValueError, FileNotFoundError) as error:
         print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    run_training(*arguments)
+    output_dir = arguments[2].output_dir
+    if output_dir and (problem := output_path_problem(output_dir, "--output_dir", directory=True)):
+        print(f"{Path(sys.argv[0]).name}: error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        run_training(*arguments)
+    # Bad data, tokenizer, config or checkpoint, a loss that is not finite, a checkpoint that could not be written
+    # (disk full): each names the problem in one line; the traceback is logged at debug level.
+    except (ValueError, FileNotFoundError, NonFiniteLossError, CheckpointWriteError) as error:
+        logger.debug("Training stopped", exc_info=True)
+        print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 __all__ = [

@@ -28,20 +28,29 @@ the summary's totals survive resumes.
 
 Faults: a NaN or infinite loss raises :class:`NonFiniteLossError` naming the update and the last complete
 checkpoint (or saying none was written) before the optimizer steps, so the weights and that checkpoint stay good.
+A write that fails while saving (disk full, quota, file size limit) raises :class:`CheckpointWriteError` naming the
+file; the half-written checkpoint is removed and the earlier ones stay as they were.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
+import os
+import re
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .checkpoints import find_last_complete_checkpoint
 from .data import TokenBatchSampler
@@ -50,6 +59,7 @@ from .hub import write_model_card
 logger = logging.getLogger(__name__)
 
 LR_SCHEDULES = ("paper", "hf")  # the paper's equation (3), or transformers' schedules with learning_rate
+TRAINING_ARGS_JSON = "training_args.json"  # the run's arguments, next to trainer_state.json (save_state)
 
 
 # ------------------------------------------------------------------------------------------------- schedule
@@ -142,6 +152,56 @@ class NonFiniteLossError(RuntimeError):
     """Training stopped on a NaN or infinite loss (the message names the update); checkpoints stay as they were."""
 
 
+class CheckpointWriteError(OSError):
+    """Saving stopped because a file could not be written (disk full, quota, file size limit); names the file."""
+
+
+# Write failures that mean "out of room", by errno.
+_NO_ROOM = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+            errno.EFBIG: "file too large (the process's file size limit)"}  # fmt: skip
+
+
+def _newest_file(folder: str) -> str | None:
+    """The most recently modified file under ``folder``: the one being written when a save failed."""
+    files = [os.path.join(root, name) for root, _, names in os.walk(folder) for name in names]
+    return max(files, key=lambda f: os.stat(f).st_mtime_ns, default=None) if files else None
+
+
+def write_failure(error: BaseException, folder: str) -> tuple[str, str] | None:
+    """``(reason, path)`` when ``error`` is a failed write into ``folder`` for lack of room, else None.
+
+    The savers report it three ways: ``OSError`` with an errno (``open``/``write``; often no file name), safetensors'
+    ``SafetensorError`` with ``os error N`` in its text, and ``torch.save``'s zip writer with a bare
+    ``RuntimeError: [enforce fail at inline_container.cc...]`` (no errno: the free space and the file size limit tell).
+    The path is the error's file name, else the newest file in ``folder`` (the one the failed write created), or
+    ``model.safetensors`` for safetensors' error.
+    """
+    code = error.errno if isinstance(error, OSError) else None
+    if code is None:
+        found = re.search(r"os error (\d+)", str(error))
+        code = int(found.group(1)) if found else None
+    named = [f for f in (getattr(error, "filename2", None), getattr(error, "filename", None)) if f]
+    inside = [f for f in named if os.path.abspath(f).startswith(os.path.abspath(folder) + os.sep)]
+    path = (inside or [None])[0] or _newest_file(folder) or folder  # shutil's copy names its source first
+    if type(error).__name__ == "SafetensorError":  # the weights (save_pretrained): safetensors removes a failed file
+        path = os.path.join(folder, SAFE_WEIGHTS_NAME)
+    if code in _NO_ROOM:
+        return _NO_ROOM[code], str(path)
+    if not (isinstance(error, RuntimeError) and "inline_container" in str(error)):
+        return None
+    try:
+        if shutil.disk_usage(folder).free < (1 << 20):
+            return _NO_ROOM[errno.ENOSPC], str(path)
+        import resource  # POSIX only
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY and os.path.getsize(path) >= limit:
+            return _NO_ROOM[errno.EFBIG], str(path)
+    except (OSError, ImportError):
+        pass
+    return "a write failed (I/O error)", str(path)
+
+
 def _rank0_decides(flag: bool) -> bool:
     """Rank 0's value of ``flag`` on every process (clocks differ between processes; decisions must not)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -232,6 +292,16 @@ class TrainingTotalsCallback(TrainerCallback, ExportableState):
     def on_step_begin(self, args, state, control, **kwargs):
         if self.run_start is None:
             self.run_start = time.time()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """Add the training wall time since update 1 (``elapsed_seconds``) to each log entry, for curves against time
+        (``plots.learning_curve_by_time``); not when a resumed checkpoint lacked the earlier time."""
+        if self.at_start is None or self.run_start is None or not state.log_history:
+            return
+        elapsed = round(self.at_start["seconds"] + self.run_seconds(), 3)
+        state.log_history[-1]["elapsed_seconds"] = elapsed  # the Trainer appended a copy of `logs` before on_log
+        if logs is not None:
+            logs["elapsed_seconds"] = elapsed
 
 
 class SaveAtEndCallback(TrainerCallback):
@@ -374,6 +444,44 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             )
         return loss
 
+    # -- saving: a full disk stops training with the file named, earlier checkpoints intact
+    def _stop_on_write_failure(self, error: BaseException, folder: str, checkpoint: bool) -> None:
+        """Raise :class:`CheckpointWriteError` from ``error`` when it is a write that found no room; for a checkpoint,
+        remove the half-written folder first (it frees room and can never be resumed or averaged)."""
+        failure = write_failure(error, folder)
+        if failure is None:
+            return
+        reason, path = failure
+        message = f"{reason} while writing {path}: training stopped."
+        if checkpoint and self.args.should_save:
+            shutil.rmtree(folder, ignore_errors=True)
+            last = find_last_complete_checkpoint(self.args.output_dir, quarantine=False)
+            message += (f" The incomplete {folder} was removed; the earlier checkpoints are intact (the last complete "
+                        f"one is {last}). Free some space, then resume with --resume_from_checkpoint latest."
+                        if last else f" The incomplete {folder} was removed; no complete checkpoint was written.")
+        stop = CheckpointWriteError(message)
+        stop.errno, stop.path = getattr(error, "errno", None), path  # (a file name would change the message)
+        raise stop from error
+
+    def _save_checkpoint(self, model, trial):
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        try:
+            super()._save_checkpoint(model, trial)
+        except Exception as error:  # OSError, torch's RuntimeError, safetensors' own error type
+            if isinstance(error, CheckpointWriteError):
+                raise
+            self._stop_on_write_failure(error, folder, checkpoint=True)
+            raise
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        try:
+            super().save_model(output_dir, _internal_call)
+        except Exception as error:
+            if _internal_call or isinstance(error, CheckpointWriteError):
+                raise  # a checkpoint's weights: _save_checkpoint reports it
+            self._stop_on_write_failure(error, output_dir or self.args.output_dir, checkpoint=False)
+            raise
+
     def _issue_warnings_after_load(self, load_result) -> None:
         """Resuming loads ``model.safetensors`` with ``load_state_dict(strict=False)``: the tied copies of the shared
         embedding (stored once by ``save_pretrained``) come back as "missing" though loading the shared matrix
@@ -409,6 +517,19 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             raise TypeError("create_model_card takes keyword arguments only.")
         return write_model_card(self.args.output_dir, trainer=self, **kwargs)
 
+    def save_state(self):
+        """``trainer_state.json`` and, next to it, the run's arguments as ``training_args.json`` (tokens masked, as
+        ``TrainingArguments.to_dict`` does): read by the card and ``plots.learning_rate_schedule``."""
+        try:
+            super().save_state()
+            if self.is_world_process_zero():
+                path = Path(self.args.output_dir, TRAINING_ARGS_JSON)
+                path.write_text(self.args.to_json_string() + "\n", encoding="utf-8")
+        except (OSError, RuntimeError) as error:
+            if not isinstance(error, CheckpointWriteError):
+                self._stop_on_write_failure(error, self.args.output_dir, checkpoint=False)
+            raise
+
     def training_summary(self) -> dict[str, Any]:
         """What training did, summed over processes. ``updates``, ``*_tokens_seen``, ``wall_time_seconds`` and
         ``target_tokens_per_second`` cover all training since update 1 (carried across resumes in the checkpoints;
@@ -436,9 +557,11 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
 
 __all__ = [
     "LR_SCHEDULES",
+    "CheckpointWriteError",
     "NonFiniteLossError",
     "SaveAtEndCallback",
     "SaveEveryMinutesCallback",
+    "TRAINING_ARGS_JSON",
     "TimeBudgetCallback",
     "TrainingTotalsCallback",
     "VaswaniSeq2SeqTrainer",
@@ -447,4 +570,5 @@ __all__ = [
     "keep_freed_cpu_memory",
     "paper_learning_rate",
     "paper_lr_scheduler",
+    "write_failure",
 ]

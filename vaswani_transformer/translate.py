@@ -1,9 +1,12 @@
 """Translating many lines: loading a model folder or Hub id, token-based batches, the paper's decoding.
 
-`translate_lines(model, tokenizer, lines, ...)` is the library function behind `vaswani-translate` (`main`, also
-`scripts/translate.py`) and `vaswani_transformer.evaluation` (its `translate_fn`). It returns exactly one translation
-per line, in order:
+`translate_lines(model, tokenizer, lines, ...)` is the library function behind `vaswani_transformer.evaluation` (its
+`translate_fn`); `translate_file` (behind `vaswani-translate`: `main`, also `scripts/translate.py`) streams a file.
+Both go through `iter_translations`, which yields exactly one translation per line, in order:
 
+- The input is read `window` lines at a time (DEFAULT_WINDOW); a window is sorted by length into batches and its
+  translations come out in input order as soon as they are done, so memory is flat in the input size and a run
+  killed half-way has written every finished line (`translate_file(..., resume=True)` continues it).
 - Decoding is the model's generation config - for our models the paper's beam search (beam 4, GNMT length penalty
   alpha 0.6, at most `max_len_a * source length + max_len_b` = source length + 50 tokens) - updated with the given
   `num_beams`, `length_penalty`, `max_len_a`, `max_len_b` and other `generate` keywords. Each batch goes through
@@ -19,21 +22,25 @@ per line, in order:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
+import signal
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from . import cli
+from .checkpoints import load_trained_model
 from .data import TokenBatchSampler
 from .pipeline import source_length_limit, truncate_source
-from .textio import is_stdio, read_lines, write_lines
+from .textio import STDIN_NAME, LineWriter, count_lines, drop_partial_line, is_stdio, iter_lines
+from .tokenization import check_vocabulary_fits
 
 
 logger = logging.getLogger(__name__)
@@ -44,6 +51,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 DEFAULT_MAX_TOKENS = 4096  # most source tokens per batch, padding included
+DEFAULT_WINDOW = 1000  # lines read, sorted by length and batched together; memory is flat in the input size
 
 
 # ------------------------------------------------------------------------------------------- loading models
@@ -107,7 +115,8 @@ def load_model_and_tokenizer(
     model_kwargs = dict(kwargs)
     if dtype is not None:
         model_kwargs["dtype"] = resolve_dtype(dtype)
-    model = AutoModelForSeq2SeqLM.from_pretrained(name, **model_kwargs)
+    model = load_trained_model(name, **model_kwargs)  # one-line errors: unsafe pickle, truncated, other shapes/names
+    check_vocabulary_fits(tokenizer, model.config, name)  # before translating anything
     if device is not None:
         model.to(device)
     return model.eval(), tokenizer
@@ -116,14 +125,16 @@ def load_model_and_tokenizer(
 # --------------------------------------------------------------------------------------------- translating
 
 
-def _encode(tokenizer, lines: Sequence[str], limit: int | None, strict: bool, source_name: str) -> dict[int, list[int]]:
-    """Token ids of the non-empty lines (index -> ids), truncated to `limit` with a warning naming the line."""
+def _encode(tokenizer, lines: Sequence[str], limit: int | None, strict: bool, source_name: str,
+            first_line: int = 1) -> dict[int, list[int]]:
+    """Token ids of the non-empty lines (index -> ids), truncated to `limit` with a warning naming the line (numbered
+    from `first_line`)."""
     todo = [i for i, line in enumerate(lines) if line.strip()]
     encoded = tokenizer([lines[i] for i in todo], add_special_tokens=True)["input_ids"] if todo else []
     ids_by_line = {}
     for i, ids in zip(todo, encoded):
         if limit is not None and len(ids) > limit:
-            where = f"{source_name}:{i + 1}: the source has {len(ids)} tokens, more than the limit of {limit}"
+            where = f"{source_name}:{first_line + i}: the source has {len(ids)} tokens, more than the limit of {limit}"
             if strict:
                 raise ValueError(f"{where} (strict mode: not translated).")
             logger.warning("%s; translating its first %d tokens.", where, limit)
@@ -132,11 +143,103 @@ def _encode(tokenizer, lines: Sequence[str], limit: int | None, strict: bool, so
     return ids_by_line
 
 
+def _windows(lines: Iterable[str], window: int | None, source_name: str) -> Iterator[list[str]]:
+    """Consecutive lists of `window` lines (all of them for None), read lazily; a non-string is a TypeError."""
+    lines = iter(lines)
+    number = 0
+    while chunk := list(itertools.islice(lines, window)):
+        for line in chunk:
+            number += 1
+            if not isinstance(line, str):
+                raise TypeError(f"{source_name} {number} is a {type(line).__name__}, expected a string.")
+        yield chunk
+        if window is None:
+            return
+
+
+def iter_translation_chunks(
+    model,
+    tokenizer,
+    lines: Iterable[str],
+    *,
+    window: int | None = DEFAULT_WINDOW,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    num_beams: int | None = None,
+    length_penalty: float | None = None,
+    max_len_a: float | None = None,
+    max_len_b: float | None = None,
+    max_source_length: int | None = None,
+    strict: bool = False,
+    show_progress: bool | None = None,
+    total: int | None = None,
+    source_name: str = "line",
+    first_line: int = 1,
+    **generate_kwargs,
+) -> Iterator[list[str]]:
+    """`iter_translations`, in lists: after each batch, the translations that extend the finished prefix of the
+    window, in input order (an empty list yields nothing). Reads the next window only once this one is yielded."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}.")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be positive, got {window}.")
+    overrides = {"num_beams": num_beams, "length_penalty": length_penalty, "max_len_a": max_len_a,
+                 "max_len_b": max_len_b}
+    generate_kwargs = {**{k: v for k, v in overrides.items() if v is not None}, **generate_kwargs}
+    limit = source_length_limit(model.config, max_source_length)
+    model.eval()
+    disable = None if show_progress is None else not show_progress  # None: a bar only on a terminal
+    with tqdm(total=total, desc="Translating", unit="sent", disable=disable) as bar:
+        for chunk in _windows(lines, window, source_name):
+            ids_by_line = _encode(tokenizer, chunk, limit, strict, source_name, first_line)
+            first_line += len(chunk)
+            translations: list[str | None] = [None] * len(chunk)
+            for i in range(len(chunk)):
+                if i not in ids_by_line:  # empty or whitespace-only: "" without the model
+                    translations[i] = ""
+            done = 0  # translations[:done] have been yielded
+
+            def finished_prefix() -> list[str]:
+                nonlocal done
+                start = done
+                while done < len(chunk) and translations[done] is not None:
+                    done += 1
+                return translations[start:done]
+
+            if prefix := finished_prefix():
+                yield prefix
+            indices = list(ids_by_line)
+            lengths = [min(len(ids_by_line[i]), max_tokens) for i in indices]  # longer ones end up alone in a batch
+            batches = TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches if indices else []
+            for batch in batches:
+                rows = [indices[j] for j in batch]
+                with torch.inference_mode():
+                    inputs = tokenizer.pad({"input_ids": [ids_by_line[i] for i in rows]}, return_tensors="pt")
+                    inputs = {k: v.to(model.device) for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
+                    output = model.generate(**inputs, **generate_kwargs)
+                num_return = output.shape[0] // len(rows)
+                texts = tokenizer.batch_decode(output, skip_special_tokens=True)
+                for k, i in enumerate(rows):
+                    translations[i] = texts[k * num_return]
+                bar.update(len(rows))
+                if prefix := finished_prefix():
+                    yield prefix
+            bar.update(len(chunk) - len(indices))
+
+
+def iter_translations(model, tokenizer, lines: Iterable[str], **kwargs) -> Iterator[str]:
+    """Translate `lines` (any iterable, read lazily) in windows of `window` lines (default DEFAULT_WINDOW; None: all
+    at once): each window is sorted by length into token batches and its translations are yielded in input order as
+    they are done, so memory stays flat in the number of lines. Same keywords as `translate_lines`."""
+    for chunk in iter_translation_chunks(model, tokenizer, lines, **kwargs):
+        yield from chunk
+
+
 def translate_lines(
     model,
     tokenizer,
     lines: Sequence[str] | Iterable[str],
     *,
+    window: int | None = DEFAULT_WINDOW,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     num_beams: int | None = None,
     length_penalty: float | None = None,
@@ -150,6 +253,7 @@ def translate_lines(
 ) -> list[str]:
     """Translate `lines`; returns one string per line, in order (see the module docstring for the rules).
 
+    window: lines sorted and batched together (`iter_translations`; None: all of them).
     max_tokens: most source tokens in a batch, padding included (the decoder side grows with the beam and output).
     num_beams, length_penalty (alpha), max_len_a, max_len_b: override the model's generation config (None keeps it).
     max_source_length: truncate longer sources (with a warning naming `source_name`:line), or refuse them if `strict`.
@@ -157,37 +261,39 @@ def translate_lines(
     generate_kwargs: anything else `model.generate` accepts (e.g. `length_penalty_type="transformers"`).
     """
     lines = list(lines)
-    for i, line in enumerate(lines):
-        if not isinstance(line, str):
-            raise TypeError(f"{source_name} {i + 1} is a {type(line).__name__}, expected a string.")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be positive, got {max_tokens}.")
-    overrides = {"num_beams": num_beams, "length_penalty": length_penalty, "max_len_a": max_len_a,
-                 "max_len_b": max_len_b}
-    generate_kwargs = {**{k: v for k, v in overrides.items() if v is not None}, **generate_kwargs}
+    return list(iter_translations(
+        model, tokenizer, lines, window=window, max_tokens=max_tokens, num_beams=num_beams,
+        length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b, max_source_length=max_source_length,
+        strict=strict, show_progress=show_progress, total=len(lines), source_name=source_name, **generate_kwargs,
+    ))  # fmt: skip
 
-    limit = source_length_limit(model.config, max_source_length)
-    ids_by_line = _encode(tokenizer, lines, limit, strict, source_name)
-    translations = [""] * len(lines)
-    if not ids_by_line:
-        return translations
-    indices = list(ids_by_line)
-    lengths = [min(len(ids_by_line[i]), max_tokens) for i in indices]  # longer ones end up alone in a batch
-    batches = TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches
-    model.eval()
-    disable = None if show_progress is None else not show_progress  # None: a bar only on a terminal
-    with torch.inference_mode(), tqdm(total=len(indices), desc="Translating", unit="sent", disable=disable) as bar:
-        for batch in batches:
-            rows = [indices[j] for j in batch]
-            inputs = tokenizer.pad({"input_ids": [ids_by_line[i] for i in rows]}, return_tensors="pt")
-            inputs = {k: v.to(model.device) for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
-            output = model.generate(**inputs, **generate_kwargs)
-            num_return = output.shape[0] // len(rows)
-            texts = tokenizer.batch_decode(output, skip_special_tokens=True)
-            for k, i in enumerate(rows):
-                translations[i] = texts[k * num_return]
-            bar.update(len(rows))
-    return translations
+
+class TranslationInterrupted(KeyboardInterrupt):
+    """A run of `translate_file` stopped by SIGINT/SIGTERM (or Ctrl-C); everything finished is in the output."""
+
+    def __init__(self, signum: int, written: int | None = None, total: int | None = None, output: str | None = None):
+        super().__init__(signum)
+        self.signum, self.written, self.total, self.output = signum, written, total, output
+
+    def __str__(self) -> str:
+        if self.written is None:  # raised before translating began (e.g. while the model loads)
+            return "interrupted before any line was written"
+        of = f" of {self.total}" if self.total is not None else ""
+        resume = " (resume with --resume)" if self.output != "standard output" else ""
+        return f"interrupted: {self.written}{of} lines written to {self.output}{resume}"
+
+
+def prepare_resume(output_path: str | os.PathLike) -> int:
+    """The number of complete lines an unfinished output file already holds (0 if it does not exist), after cutting
+    off a partial last line (a process killed while writing) with a warning."""
+    if is_stdio(output_path):
+        raise ValueError("--resume needs --output FILE (the file to continue); standard output cannot be resumed.")
+    if not os.path.exists(output_path):
+        logger.warning("--resume: %s does not exist yet; translating from the first line.", output_path)
+        return 0
+    if dropped := drop_partial_line(output_path):
+        logger.warning("--resume: dropped the partial last line of %s (%d bytes, no line break).", output_path, dropped)
+    return count_lines(output_path)
 
 
 def translate_file(
@@ -195,15 +301,43 @@ def translate_file(
     tokenizer,
     input_path: str | os.PathLike | None = None,
     output_path: str | os.PathLike | None = None,
+    *,
+    resume: bool = False,
     **kwargs,
 ) -> int:
-    """Translate a file (or stdin) line for line into a file (or stdout); returns the number of lines written, which
-    always equals the number read. Line breaks inside a translation become spaces. kwargs go to `translate_lines`."""
-    lines, name = read_lines(input_path)
-    translations = translate_lines(model, tokenizer, lines, source_name=name, **kwargs)
-    if len(translations) != len(lines):  # pragma: no cover - guarded by translate_lines
-        raise RuntimeError(f"{len(translations)} translations for {len(lines)} lines.")
-    return write_lines(translations, output_path)
+    """Translate a file (or stdin) line for line into a file (or stdout), streaming: windows of lines are read,
+    translated and written as they finish (`iter_translations`), each write flushed. Returns the number of lines the
+    output holds, which always equals the number read. Line breaks inside a translation become spaces.
+
+    resume: continue an output file that holds the first K translations (a partial last line is cut off first):
+    skip the first K input lines and append. KeyboardInterrupt (Ctrl-C, or the signals `main` turns into it) becomes
+    `TranslationInterrupted`, saying how many lines the output holds. kwargs go to `iter_translations`."""
+    name = STDIN_NAME if is_stdio(input_path) else os.fspath(input_path)
+    output_name = "standard output" if is_stdio(output_path) else os.fspath(output_path)
+    skip = prepare_resume(output_path) if resume else 0
+    total = None if is_stdio(input_path) else count_lines(input_path)
+    if total is not None and skip > total:
+        raise ValueError(f"--resume: {output_name} holds {skip} lines but {name} only {total}: not its translation.")
+    lines = iter_lines(input_path)
+    skipped = sum(1 for _ in itertools.islice(lines, skip))
+    if skipped < skip:
+        raise ValueError(f"--resume: {output_name} holds {skip} lines but {name} only {skipped}: not its translation.")
+    if skip:
+        logger.warning("--resume: %s holds %d lines; translating from line %d of %s.", output_name, skip, skip + 1,
+                       name)  # fmt: skip
+    writer = LineWriter(output_path, append=resume)
+    try:
+        todo = None if total is None else total - skip  # the progress bar's total
+        for chunk in iter_translation_chunks(model, tokenizer, lines, total=todo, source_name=name,
+                                             first_line=skip + 1, **kwargs):  # fmt: skip
+            writer.write(chunk)
+    except KeyboardInterrupt as stop:
+        writer.close()
+        written = count_lines(output_path) if not is_stdio(output_path) else writer.lines
+        raise TranslationInterrupted(getattr(stop, "signum", signal.SIGINT), written, total, output_name) from None
+    finally:
+        writer.close()
+    return skip + writer.lines
 
 
 # -------------------------------------------------------------------------------------------- command line
@@ -213,11 +347,14 @@ CLI_DESCRIPTION = f"""Translate a text file (or stdin) line for line with a save
     %(prog)s --model_name_or_path runs/quickstart/averaged --input test.en --output test.hyp.de
     echo "A man rides a bike." | %(prog)s --model_name_or_path runs/multi30k_cpu/averaged --num_beams 4
 
-One output line per input line, always (an empty line gives an empty line). Batches hold at most --max_tokens source
-tokens (default {DEFAULT_MAX_TOKENS}). Decoding defaults come from the model's generation config (the paper's: beam 4,
-GNMT length penalty 0.6, at most source length + 50 tokens). Options are spelled as transformers' run_translation.py
-spells them (--num_beams, --length_penalty); the first spelling shown is the canonical one, the others (dashes,
-the older --beam and --alpha) are accepted aliases. See `vaswani_transformer.translate.translate_lines`.
+One output line per input line, always (an empty line gives an empty line). The input is read --window lines at a
+time (default {DEFAULT_WINDOW}), sorted by length into batches of at most --max_tokens source tokens (default
+{DEFAULT_MAX_TOKENS}), and the translations are written in input order as they finish, so memory stays flat and an
+interrupted run (Ctrl-C, SIGTERM) keeps every finished line: --resume continues such an --output file. Decoding
+defaults come from the model's generation config (the paper's: beam 4, GNMT length penalty 0.6, at most source
+length + 50 tokens). Options are spelled as transformers' run_translation.py spells them (--num_beams,
+--length_penalty); the first spelling shown is the canonical one, the others (dashes, the older --beam and --alpha)
+are accepted aliases. See `vaswani_transformer.translate.translate_file`.
 """
 
 
@@ -250,6 +387,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output", "-o", default="-", help="Output file ('-': stdout).")
     add_decoding_arguments(parser)
     parser.add_argument("--max_tokens", "--max-tokens", type=int, help="Most source tokens per batch, padding included.")
+    parser.add_argument("--window", type=int,
+                        help=f"Lines read, sorted by length and batched together (default {DEFAULT_WINDOW}).")
+    parser.add_argument("--resume", action="store_true",
+                        help="Continue --output FILE: keep its complete lines, skip as many input lines, append.")
     parser.add_argument("--max_source_length", "--max-source-length", type=int,
                         help="Truncate longer sources (with a warning naming the line); see --strict.")  # fmt: skip
     parser.add_argument("--strict", action="store_true", help="Refuse over-long sources instead of truncating them.")
@@ -262,9 +403,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def check_input_output(input_path: str, output_path: str) -> str | None:
-    """Why ``--input``/``--output`` cannot be used (a closed standard stream, a missing file, a directory), or None;
-    checked before the model loads."""
+def check_input_output(input_path: str, output_path: str, resume: bool = False) -> str | None:
+    """Why ``--input``/``--output`` cannot be used (a closed standard stream, a missing file, a directory, --resume
+    without an output file), or None; checked before the model loads."""
     if is_stdio(input_path) and sys.stdin is None:
         return "standard input is closed: pipe the sentences in or give --input FILE."
     if is_stdio(output_path) and sys.stdout is None:
@@ -276,16 +417,33 @@ def check_input_output(input_path: str, output_path: str) -> str | None:
             return f"--input {input_path}: no such file."
     if not is_stdio(output_path) and os.path.isdir(output_path):
         return f"--output {output_path} is a directory, not a file."
+    if not is_stdio(output_path) and (problem := cli.output_path_problem(output_path, "--output")):
+        return problem  # a file where a parent folder must be, or no write permission
+    if resume and is_stdio(output_path):
+        return "--resume needs --output FILE (the file to continue); standard output cannot be resumed."
     return None
 
 
+def _stop_on_signal(signum, frame):
+    """SIGINT/SIGTERM handler of `main`: stop where the program is (a second signal ends it at once)."""
+    signal.signal(signum, signal.SIG_DFL)
+    raise TranslationInterrupted(signum)
+
+
 def main(argv=None) -> int:
-    """`vaswani-translate` / `scripts/translate.py`: exit status 0, or 1 with an error line for bad input."""
+    """`vaswani-translate` / `scripts/translate.py`: exit status 0; 1 with an error line for bad input; 130/143 with
+    the line "interrupted: N of M lines written to <path> (resume with --resume)" after SIGINT/SIGTERM."""
     args = parse_args(argv)
-    if problem := check_input_output(args.input, args.output):
+    if problem := check_input_output(args.input, args.output, args.resume):
         print(f"error: {problem}", file=sys.stderr)
         return 1
-    options = {k: getattr(args, k) for k in ("max_tokens", "max_source_length") if getattr(args, k) is not None}
+    if args.engine == "ctranslate2" and (args.resume or args.window is not None):
+        print("error: --resume and --window need --engine transformers.", file=sys.stderr)
+        return 1
+    names = ("max_tokens", "max_source_length", "window")
+    options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    handled = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]  # nohup
+    previous = {s: signal.signal(s, _stop_on_signal) for s in handled}
     try:
         if args.engine == "ctranslate2":
             from .ctranslate2_export import translate_file_ctranslate2  # optional dependency: ctranslate2
@@ -298,19 +456,34 @@ def main(argv=None) -> int:
             trust_remote_code=args.trust_remote_code,
         )  # fmt: skip
         translate_file(
-            model, tokenizer, args.input, args.output, strict=args.strict,
+            model, tokenizer, args.input, args.output, resume=args.resume, strict=args.strict,
             show_progress=False if args.no_progress else None, **decoding_arguments(args), **options,
         )  # fmt: skip
+    except TranslationInterrupted as stop:
+        print(stop, file=sys.stderr)
+        return 128 + stop.signum
+    except BrokenPipeError:  # e.g. `| head`: whatever reads our output has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python exits
+        print("error: standard output was closed before every line was written.", file=sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     return 0
 
 
 __all__ = [
+    "DEFAULT_WINDOW",
+    "TranslationInterrupted",
     "check_model_folder",
+    "iter_translation_chunks",
+    "iter_translations",
     "load_model_and_tokenizer",
     "main",
+    "prepare_resume",
     "resolve_dtype",
     "translate_file",
     "translate_lines",

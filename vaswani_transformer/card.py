@@ -6,6 +6,8 @@
 - `training_info_from_run(run_dir)` / `training_info_from_trainer(trainer)`: the recipe a run recorded.
 - `eval_results_for_card(reports, ...)`, `trainer_metric_reports(output_dir, trainer)`: evaluation results for the
   card, from the JSON reports of `vaswani_transformer.evaluation` or a Trainer run's own metrics.
+- `write_card_pictures(folder, training_run=..., attention_source=...)`: the pictures the card shows, written next to
+  it (relative Markdown images, so they show on the Hub): the run's learning curve and one cross-attention picture.
 
 The repository around the card (code files, pipeline, generation config, upload) is `vaswani_transformer.hub`.
 """
@@ -13,6 +15,7 @@ The repository around the card (code files, pipeline, generation config, upload)
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,11 +28,15 @@ from .configuration_vaswani_transformer import PRESETS, VaswaniTransformerConfig
 from .generation import PAPER_GENERATION_DEFAULTS
 
 
+logger = logging.getLogger(__name__)
+
 PathLike = str | os.PathLike
 # The card template ships inside the package (package data), so installed wheels have it; or pass `template_path`.
 TEMPLATE_NAME = "vaswani_transformer.md"
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "model_cards" / TEMPLATE_NAME
 EXAMPLE_SENTENCE = "A man is riding a bicycle down the street."  # the card's usage example; hub validates with it
+LEARNING_CURVE_FILE = "learning_curve.png"  # pictures written next to README.md, linked by relative paths
+ATTENTION_PICTURE_FILE = "attention.png"
 
 # Fields of the training run shown in the card, in this order (whatever is present), with their labels.
 TRAINING_FIELDS = {
@@ -115,15 +122,29 @@ def _format_value(value: Any) -> str:
 # --------------------------------------------------------------------------------------- training / results
 
 
+def _recipe_fields(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The card's recipe fields of training arguments (`TrainingArguments.to_dict()`): the number of updates or of
+    epochs (whichever applies), no learning rate under the paper schedule (which ignores it), the optimizer."""
+    info = {k: args[k] for k in TRAINING_FIELDS if k in args and args[k] not in (None, "")}
+    if info.get("max_steps", 0) and info["max_steps"] > 0:
+        info.pop("num_train_epochs", None)
+    elif "max_steps" in info:
+        info.pop("max_steps")
+    if info.get("lr_schedule") == "paper":
+        info.pop("learning_rate", None)  # ignored by the paper schedule
+    info["optimizer"] = str(args.get("optim", "adamw_torch"))
+    return info
+
+
 def training_info_from_run(run_dir: PathLike) -> dict[str, Any]:
     """What a training run recorded: `training_summary.json` (updates, tokens seen, wall time, processes) and
     `trainer_state.json` (global step), plus `training_args.json` (any recipe fields) when present. Missing files
     are skipped; an empty dict means nothing was recorded."""
     run_dir = Path(run_dir)
     info: dict[str, Any] = {}
-    args_file = run_dir / "training_args.json"
+    args_file = run_dir / "training_args.json"  # written next to trainer_state.json by VaswaniSeq2SeqTrainer.save_state
     if args_file.is_file():
-        info.update({k: v for k, v in read_json(args_file).items() if k in TRAINING_FIELDS})
+        info.update(_recipe_fields(read_json(args_file)))
     state_file = run_dir / "trainer_state.json"
     if state_file.is_file():
         state = read_json(state_file)
@@ -139,15 +160,7 @@ def training_info_from_run(run_dir: PathLike) -> dict[str, Any]:
 def training_info_from_trainer(trainer) -> dict[str, Any]:
     """The recipe of a `Seq2SeqTrainer` run: its arguments (optimizer, schedule, smoothing, steps, precision) and
     state, plus `max_tokens_per_batch` when the trainer batches by tokens. Collective-free (rank 0 calls it)."""
-    args = trainer.args.to_dict()
-    info = {k: args[k] for k in TRAINING_FIELDS if k in args and args[k] not in (None, "")}
-    if info.get("max_steps", 0) and info["max_steps"] > 0:
-        info.pop("num_train_epochs", None)
-    elif "max_steps" in info:
-        info.pop("max_steps")
-    if info.get("lr_schedule") == "paper":
-        info.pop("learning_rate", None)  # ignored by the paper schedule
-    info["optimizer"] = str(args.get("optim", "adamw_torch"))
+    info = _recipe_fields(trainer.args.to_dict())
     if getattr(trainer, "max_tokens_per_batch", None):
         info["max_tokens_per_batch"] = trainer.max_tokens_per_batch
     info["num_processes"] = trainer.args.world_size
@@ -224,6 +237,96 @@ def eval_results_for_card(reports: Sequence[dict], source_lang: str | None, targ
     return results, rows, decoding_text
 
 
+# --------------------------------------------------------------------------------------------- pictures
+
+
+def _first_source_line(reports: Sequence[dict], training_run: Path | None) -> str | None:
+    """The first test source sentence the card knows: the first line of an evaluation report's `source_file`, else
+    the first example of the run's `training_summary.json` (its test set's first pair)."""
+    for report in reports:
+        source = report.get("source_file")
+        if source and Path(source).is_file():
+            with open(source, encoding="utf-8", errors="replace") as f:
+                line = f.readline().strip()
+            if line:
+                return line
+    summary = training_run / "training_summary.json" if training_run is not None else None
+    if summary is not None and summary.is_file():
+        examples = read_json(summary).get("examples") or []
+        if examples and isinstance(examples[0], Mapping) and str(examples[0].get("source") or "").strip():
+            return str(examples[0]["source"]).strip()
+    return None
+
+
+def write_learning_curve_picture(folder: PathLike, training_run: PathLike) -> str | None:
+    """`learning_curve.png` in `folder` from `training_run`'s `trainer_state.json` (`plots.plot_learning_curve`);
+    None when the run logged no training loss or matplotlib is missing (logged)."""
+    from .plots import plot_learning_curve  # plots imports the trainer, which imports this module
+
+    try:
+        plot_learning_curve(training_run, Path(folder) / LEARNING_CURVE_FILE, title=Path(training_run).resolve().name)
+    except (FileNotFoundError, ValueError) as error:  # no trainer state, or nothing logged in it
+        logger.info("The model card shows no learning curve: %s", error)
+        return None
+    except ImportError as error:
+        logger.warning("The model card shows no learning curve: %s (pip install matplotlib).", error)
+        return None
+    return LEARNING_CURVE_FILE
+
+
+def write_attention_picture(folder: PathLike, source: str) -> str | None:
+    """`attention.png` in `folder`: the cross-attention of the saved model (and tokenizer) in `folder` translating
+    `source` (`vaswani_transformer.attention.write_card_attention_picture`); None, logged, when it cannot be drawn
+    here (attention module or matplotlib missing, no tokenizer in the folder)."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    folder = Path(folder)
+    if not (folder / "tokenizer_config.json").is_file():
+        logger.warning("The model card shows no attention picture: %s has no tokenizer.", folder)
+        return None
+    try:
+        from .attention import write_card_attention_picture
+
+        model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+        write_card_attention_picture(model, tokenizer, source, folder / ATTENTION_PICTURE_FILE)
+    except (ImportError, AttributeError) as error:
+        logger.warning("The model card shows no attention picture: %s", error)
+        return None
+    return ATTENTION_PICTURE_FILE
+
+
+def write_card_pictures(
+    folder: PathLike,
+    *,
+    training_run: PathLike | None = None,
+    attention_source: str | None = None,
+    eval_results=None,
+    example: str | None = None,
+) -> dict[str, str]:
+    """The pictures the card of the model in `folder` shows, written into `folder`: ``{"learning_curve":
+    "learning_curve.png", "attention": "attention.png"}`` (paths relative to `folder`; a picture that cannot be
+    drawn is left out, with a logged reason).
+
+    `training_run`: the run whose `trainer_state.json` gives the learning curve (default: `folder` itself, a
+    training output folder). `attention_source`: the sentence of the attention picture (default: the first test
+    source line the card knows: an evaluation report's `source_file`, the run's first test example; else
+    `example`, the card's usage sentence)."""
+    folder = Path(folder)
+    run = Path(training_run) if training_run is not None else folder
+    pictures = {}
+    if (run / "trainer_state.json").is_file():
+        curve = write_learning_curve_picture(folder, run)
+        if curve:
+            pictures["learning_curve"] = curve
+    test_line = None if attention_source else _first_source_line(as_reports(eval_results), run)
+    sentence = attention_source or test_line or example or EXAMPLE_SENTENCE
+    attention = write_attention_picture(folder, sentence)
+    if attention:
+        pictures.update(attention=attention, attention_source=sentence,
+                        attention_source_kind="the first test sentence" if test_line else "a sentence")  # fmt: skip
+    return pictures
+
+
 # ----------------------------------------------------------------------------------------------- the card
 
 
@@ -249,8 +352,14 @@ def render_model_card(
     tags: Sequence[str] | None = None,
     example: str | None = None,
     template_path: PathLike | None = None,
+    pictures: bool = True,
+    training_run: PathLike | None = None,
+    attention_source: str | None = None,
 ) -> ModelCard:
-    """The model card of the saved model in `folder` (reads its config, generation config and weights)."""
+    """The model card of the saved model in `folder` (reads its config, generation config and weights).
+
+    With `pictures` (default) it first writes the learning curve of `training_run` (default: `folder`) and an
+    attention picture into `folder` and embeds them (`write_card_pictures`)."""
     folder = Path(folder)
     config = VaswaniTransformerConfig.from_pretrained(folder)
     reports = as_reports(eval_results)
@@ -291,6 +400,10 @@ def render_model_card(
             f"Model card template {template} not found; reinstall vaswani-transformer (its package data includes "
             "model_cards/*.md) or pass template_path=..."
         )
+    shown = {}
+    if pictures:
+        shown = write_card_pictures(folder, training_run=training_run, attention_source=attention_source,
+                                    eval_results=reports, example=example)  # fmt: skip
     return ModelCard.from_template(
         card_data,
         template_path=str(template),
@@ -312,6 +425,10 @@ def render_model_card(
         training=training_rows,
         generation=generation_rows,
         example=(example or EXAMPLE_SENTENCE).replace('"', '\\"'),
+        learning_curve=shown.get("learning_curve"),
+        attention_picture=shown.get("attention"),
+        attention_source=shown.get("attention_source"),
+        attention_source_kind=shown.get("attention_source_kind"),
     )
 
 
@@ -339,8 +456,10 @@ def trainer_metric_reports(output_dir: PathLike, trainer=None) -> list[dict]:
 
 
 __all__ = [
+    "ATTENTION_PICTURE_FILE",
     "DEFAULT_TEMPLATE",
     "EXAMPLE_SENTENCE",
+    "LEARNING_CURVE_FILE",
     "TRAINING_FIELDS",
     "as_reports",
     "count_parameters",
@@ -351,4 +470,7 @@ __all__ = [
     "trainer_metric_reports",
     "training_info_from_run",
     "training_info_from_trainer",
+    "write_attention_picture",
+    "write_card_pictures",
+    "write_learning_curve_picture",
 ]

@@ -1,6 +1,8 @@
 """Test-only helpers shared by the test modules: the tiny random models the tests build, and tiny saved
 translation models (a trained tokenizer + a random model) for the pipeline, translate and hub tests."""
 
+import textwrap
+
 import torch
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
@@ -70,3 +72,31 @@ def generate_texts(model, tokenizer, sources, **generate_kwargs) -> list[str]:
 
 def generate_one_by_one(model, tokenizer, sources, **generate_kwargs) -> list[str]:
     return [generate_texts(model, tokenizer, [s], **generate_kwargs)[0] for s in sources]
+
+
+# Python source for `python -c`: runs each [label, module, argv] of the JSON list in sys.argv[1] as
+# `importlib.import_module(module).main(argv)`, all in this one process (the command lines' own functions at the cost
+# of one interpreter start), and prints `CASE [label, exit status or the exception, stderr]` for each.
+RUN_MAINS = textwrap.dedent(
+    """
+    import contextlib, importlib, io, json, sys
+    for label, module, argv in json.loads(sys.argv[1]):
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                code = importlib.import_module(module).main(argv)
+        except SystemExit as exit:
+            code = exit.code
+        except BaseException as error:
+            import traceback
+            code, err = repr(error), io.StringIO(err.getvalue() + traceback.format_exc())
+        print("CASE " + json.dumps([label, code, err.getvalue()]), flush=True)
+    """
+)
+
+
+def case_answers(stdout: str) -> dict:
+    """{label: (exit status or exception, stderr)} from the `CASE` lines `RUN_MAINS` printed."""
+    import json
+
+    return {label: (code, err) for label, code, err in (json.loads(l[5:]) for l in stdout.splitlines() if l.startswith("CASE ["))}

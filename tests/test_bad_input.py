@@ -8,14 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from safetensors.torch import load_file, save_file
 
 from vaswani_transformer.data import load_parallel_dataset
 
-from helpers import SINGLE_THREAD_ENV, generate_texts, save_tiny_model, tiny_tokenizer, tiny_translation_model
+from helpers import RUN_MAINS, SINGLE_THREAD_ENV, case_answers, generate_texts, save_tiny_model, tiny_tokenizer, tiny_translation_model
 
 ENV = {**os.environ, **SINGLE_THREAD_ENV, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
        "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
@@ -52,22 +51,6 @@ def expected_translation(model, tokenizer, text: str) -> str:
     return translation.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
 
 
-_RUN_MAINS = textwrap.dedent(
-    """
-    import contextlib, importlib, io, json, sys
-    for label, module, argv in json.loads(sys.argv[1]):
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err):
-                code = importlib.import_module(module).main(argv)
-        except SystemExit as exit:
-            code = exit.code
-        except BaseException as error:
-            import traceback
-            code, err = repr(error), io.StringIO(err.getvalue() + traceback.format_exc())
-        print("CASE " + json.dumps([label, code, err.getvalue()]), flush=True)
-    """
-)
 
 
 def write_pairs(prefix, pairs, source="en", target="de"):
@@ -154,11 +137,10 @@ def run(tmp_path_factory):
         ("train budget", R, train(tmp / "r8", data / "budget")),
     ]  # fmt: skip
     cases = [[label, module, [str(a) for a in argv]] for label, module, argv in cases]
-    result = subprocess.run([sys.executable, "-c", _RUN_MAINS, json.dumps(cases)], cwd=tmp, env=ENV,
+    result = subprocess.run([sys.executable, "-c", RUN_MAINS, json.dumps(cases)], cwd=tmp, env=ENV,
                             capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    cases_run = [json.loads(line[5:]) for line in result.stdout.splitlines() if line.startswith("CASE [")]
-    answers = {label: (code, stderr) for label, code, stderr in cases_run}
+    answers = case_answers(result.stdout)
     assert list(answers) == [c[0] for c in cases], result.stderr[-4000:]
     folders = dict(tmp=tmp, good=good, truncated=truncated, other_shape=other_shape, other_names=other_names,
                    small_vocab=small_vocab,

@@ -6,12 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers import save_tiny_model
+from helpers import RUN_MAINS, save_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -59,26 +58,11 @@ ABBREVIATIONS = [
 
 def test_every_cli_refuses_abbreviations_and_suggests_the_option(tmp_path):
     # one process runs each module's `main` (what scripts/*.py and the console commands call) on its bad command line
-    code = textwrap.dedent(
-        """
-        import contextlib, importlib, io, json, sys
-        for module, argv, abbreviation, _ in json.loads(sys.argv[1]):
-            argv = argv + [abbreviation, "1"]
-            err = io.StringIO()
-            try:
-                with contextlib.redirect_stderr(err):
-                    code = importlib.import_module(module).main(argv)
-            except SystemExit as exit:
-                code = exit.code
-            except Exception as error:
-                code = repr(error)
-            print(json.dumps([module, code, err.getvalue()]))
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", code, json.dumps(ABBREVIATIONS)], cwd=tmp_path, env=ENV,
+    cases = [[module, module, argv + [abbreviation, "1"]] for module, argv, abbreviation, _ in ABBREVIATIONS]
+    result = subprocess.run([sys.executable, "-c", RUN_MAINS, json.dumps(cases)], cwd=tmp_path, env=ENV,
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    answers = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[")]
+    answers = [json.loads(line[5:]) for line in result.stdout.splitlines() if line.startswith("CASE [")]
     assert [a[0] for a in answers] == [c[0] for c in ABBREVIATIONS]
     for (module, code, stderr), (_, _, abbreviation, full) in zip(answers, ABBREVIATIONS):
         assert code == 2, (module, code, stderr)

@@ -299,9 +299,5 @@ def test_dry_run_card_shows_its_pictures_by_relative_paths(dry_run):
     text = (dry_run / "README.md").read_text(encoding="utf-8")
     images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
     assert "learning_curve.png" not in images and not (dry_run / "learning_curve.png").exists()
-    try:
-        from vaswani_transformer.attention import write_card_attention_picture  # noqa: F401  (helper A's module)
-    except ImportError:
-        pytest.skip("vaswani_transformer.attention is not there: the card has no attention picture")
     assert images == ["attention.png"] and (dry_run / "attention.png").read_bytes()[:4] == b"\x89PNG"
     assert "> A man is riding a bicycle down the street.\n" in text  # no test set known: the card's example

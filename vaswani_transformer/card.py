@@ -277,20 +277,20 @@ def write_learning_curve_picture(folder: PathLike, training_run: PathLike) -> st
 def write_attention_picture(folder: PathLike, source: str) -> str | None:
     """`attention.png` in `folder`: the cross-attention of the saved model (and tokenizer) in `folder` translating
     `source` (`vaswani_transformer.attention.write_card_attention_picture`); None, logged, when it cannot be drawn
-    here (attention module or matplotlib missing, no tokenizer in the folder)."""
+    here (matplotlib missing, no tokenizer in the folder)."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     folder = Path(folder)
     if not (folder / "tokenizer_config.json").is_file():
         logger.warning("The model card shows no attention picture: %s has no tokenizer.", folder)
         return None
-    try:
-        from .attention import write_card_attention_picture
+    from .attention import write_card_attention_picture
 
-        model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    try:
         write_card_attention_picture(model, tokenizer, source, folder / ATTENTION_PICTURE_FILE)
-    except (ImportError, AttributeError) as error:
-        logger.warning("The model card shows no attention picture: %s", error)
+    except ImportError as error:  # matplotlib is not installed (the plots extra)
+        logger.warning("The model card shows no attention picture: %s (pip install matplotlib).", error)
         return None
     return ATTENTION_PICTURE_FILE
 

@@ -203,12 +203,14 @@ def test_card_embeds_the_learning_curve_and_attention_and_export_carries_them(ru
     for image in images:  # relative paths inside the folder, so they show on the Hub
         assert "://" not in image and not image.startswith("/") and (out / image).is_file(), image
     assert png_size(out / "learning_curve.png") == (1200, 450)
-    if "attention.png" in images:  # helper A's vaswani_transformer.attention draws it
-        first_test_source = (data / "valid.src").read_text().splitlines()[0]
-        assert f"> {first_test_source}\n" in (out / "README.md").read_text()
-        assert "the first test sentence" in (out / "README.md").read_text()
-    else:
-        assert not (out / "attention.png").exists()
+    assert "attention.png" in images
+    first_test_source = (data / "valid.src").read_text().splitlines()[0]
+    card = (out / "README.md").read_text()
+    assert f"> {first_test_source}\n" in card and "the first test sentence" in card
+    # The optimizer row names what VaswaniSeq2SeqTrainer built (Adam with the paper's betas), not `--optim`.
+    args = json.loads((out / "training_args.json").read_text())
+    assert (args["adam_beta1"], args["adam_beta2"], args["adam_epsilon"], args["weight_decay"]) == (0.9, 0.98, 1e-9, 0)
+    assert "| optimizer | Adam (beta1 0.9, beta2 0.98, eps 1e-09) |" in card, card
 
     # Push: the repository folder (the dry run's output, uploaded whole by upload_folder) of the averaged model,
     # whose learning curve comes from the run around it.

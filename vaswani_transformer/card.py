@@ -132,7 +132,12 @@ def _recipe_fields(args: Mapping[str, Any]) -> dict[str, Any]:
         info.pop("max_steps")
     if info.get("lr_schedule") == "paper":
         info.pop("learning_rate", None)  # ignored by the paper schedule
-    info["optimizer"] = str(args.get("optim", "adamw_torch"))
+    if "lr_schedule" in args:  # our arguments: VaswaniSeq2SeqTrainer builds its own Adam, not `optim`'s
+        from .trainer import describe_optimizer  # (the trainer module imports this one)
+
+        info["optimizer"] = describe_optimizer(args)
+    else:
+        info["optimizer"] = str(args.get("optim", "adamw_torch"))
     return info
 
 

@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,13 @@ def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.op
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], **common
     )
+
+
+def describe_optimizer(args: Mapping[str, Any]) -> str:
+    """What :func:`build_optimizer` builds from these arguments (a ``TrainingArguments.to_dict()``), in words."""
+    decay = args.get("weight_decay") or 0.0
+    name = f"AdamW (weight decay {decay:g}, not on biases and LayerNorms; " if decay else "Adam ("
+    return f"{name}beta1 {args.get('adam_beta1'):g}, beta2 {args.get('adam_beta2'):g}, eps {args.get('adam_epsilon'):g})"
 
 
 def gradient_accumulation_for(tokens_per_update: int, max_tokens_per_batch: int, num_processes: int) -> int:

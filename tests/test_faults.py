@@ -138,7 +138,6 @@ def test_absurd_learning_rate_stops_naming_the_update_and_the_last_checkpoint_st
 
     data = write_fixture(tmp_path / "data", n_train=100)
     out = tmp_path / "out"
-    # (a resumed run keeps the checkpoint's save_steps: transformers reloads them with the trainer state)
     run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_steps", "4"))
     before = digest(out / "checkpoint-4")
 

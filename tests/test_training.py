@@ -531,6 +531,19 @@ class _Records(logging.Handler):
         self.logger.removeHandler(self)
 
 
+def test_a_resumed_run_uses_its_own_save_and_logging_intervals(tmp_path):
+    """transformers restores the checkpoint's intervals with its trainer state; the resumed run's flags apply instead:
+    saved every 4 updates and logged every 2 at first, then every 2 and every update from update 4 to 8."""
+    data = write_fixture(tmp_path / "data", n_train=60)
+    out = tmp_path / "out"
+    run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_steps", "4", "--logging_steps", "2"))
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]
+    run_from_args(tiny_args(data, out, "--max_steps", "8", "--save_steps", "2", "--logging_steps", "1",
+                            "--resume_from_checkpoint", "latest"))  # fmt: skip
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6", "checkpoint-8"]
+    assert sorted(losses(out / "trainer_state.json")) == [1, 2, 4, 5, 6, 7, 8]  # (update 1 is always logged)
+
+
 def test_resume_latest_skips_a_truncated_checkpoint_and_keeps_totals(tmp_path):
     """--resume_from_checkpoint latest passes over a checkpoint whose model.safetensors is cut short (moved aside);
     the resumed run ends with the same losses and totals as the uninterrupted one, and logs no false missing keys."""

@@ -490,6 +490,15 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             self._stop_on_write_failure(error, output_dir or self.args.output_dir, checkpoint=False)
             raise
 
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
+                             trial):  # fmt: skip
+        """Resuming restores the checkpoint's trainer state, and with it (in transformers) the logging, evaluation and
+        save intervals it was written with: the intervals given to this run apply instead, as every other flag does."""
+        resumed = super()._init_training_state(max_steps, num_update_steps_per_epoch, num_train_epochs,
+                                               resume_from_checkpoint, trial)  # fmt: skip
+        self.state.compute_steps(self.args, max_steps)
+        return resumed
+
     def _issue_warnings_after_load(self, load_result) -> None:
         """Resuming loads ``model.safetensors`` with ``load_state_dict(strict=False)``: the tied copies of the shared
         embedding (stored once by ``save_pretrained``) come back as "missing" though loading the shared matrix

@@ -203,6 +203,10 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, saved, capsys):
         translate_file(model, tokenizer, source, output, resume=True)
     assert main(["--model_name_or_path", str(folder), "--input", str(source), "--resume"]) == 1
     assert "error: --resume needs --output FILE" in capsys.readouterr().err
+    # CTranslate2 computes in the type it was exported in: options only our engine honours are refused, not ignored
+    for extra in (["--dtype", "bf16"], ["--window", "10"], ["--resume", "--output", str(output)]):
+        assert main(["--model_name_or_path", str(folder), "--input", str(source), "--engine", "ctranslate2", *extra]) == 1
+        assert f"error: {extra[0]} need --engine transformers" in capsys.readouterr().err
 
 
 def _wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: float = 240) -> None:

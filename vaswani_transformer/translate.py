@@ -437,9 +437,14 @@ def main(argv=None) -> int:
     if problem := check_input_output(args.input, args.output, args.resume):
         print(f"error: {problem}", file=sys.stderr)
         return 1
-    if args.engine == "ctranslate2" and (args.resume or args.window is not None):
-        print("error: --resume and --window need --engine transformers.", file=sys.stderr)
-        return 1
+    if args.engine == "ctranslate2":
+        # transformers-only options are refused, not ignored (a CTranslate2 folder computes in its exported type)
+        given = [f"--{name}" for name in ("resume", "window", "dtype", "revision", "trust_remote_code")
+                 if getattr(args, name) not in (None, False)]  # fmt: skip
+        if given:
+            print(f"error: {', '.join(given)} need --engine transformers (with ctranslate2 the weight type is chosen "
+                  "by vaswani-export-ctranslate2 --quantization).", file=sys.stderr)  # fmt: skip
+            return 1
     names = ("max_tokens", "max_source_length", "window")
     options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     handled = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]  # nohup

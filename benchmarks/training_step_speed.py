@@ -8,16 +8,27 @@ slower in bf16 than in fp32, so on a CPU bf16 pays only with eager attention (`-
 Each setting runs first with glibc's default allocator, then with freed memory kept in the process, as
 `scripts/train.py` does on a CPU (`keep_freed_cpu_memory`).
 
+Model FLOPs per step are `vaswani_transformer.flops.model_flops_per_target_token` of the configuration at the batch's
+lengths x its target tokens (the same count for both models: the same configuration); MFU divides the achieved model
+FLOP/s by the matrix-product peak of the precision used (bf16 autocast: the bf16 peak), measured in the same run with
+the same torch threads (`measure_matmul_peak`). Each (setting, model) runs in its own child process, in the same
+alternating order (Marian, ours, Marian, ours...), so that its peak RSS (`resource.getrusage`) is its own.
+
     python benchmarks/training_step_speed.py --d-model 256 --layers 3 --heads 4 --d-ff 1024 --vocab 8000
 """
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import time
 
 import torch
 from transformers import MarianConfig, MarianMTModel
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
+from vaswani_transformer.flops import measure_matmul_peak, model_flops_per_target_token, model_flops_utilization
 from vaswani_transformer.modeling_vaswani_transformer import shift_tokens_right
 from vaswani_transformer.trainer import keep_freed_cpu_memory
 
@@ -61,6 +72,51 @@ def time_steps(model, batch, steps: int, bf16: bool) -> float:
     return timings[len(timings) // 2]
 
 
+def make_batch(args) -> dict[str, torch.Tensor]:
+    """The same random batch (no padding) for both models, from a fixed seed."""
+    generator = torch.Generator().manual_seed(0)
+    ids = lambda: torch.randint(4, args.vocab, (args.batch, args.length), generator=generator)  # noqa: E731
+    source, labels = ids(), ids()
+    return {"input_ids": source, "labels": labels, "decoder_input_ids": shift_tokens_right(labels, 0, 1)}
+
+
+def max_rss_mib() -> float:
+    """This process's peak resident set size so far, MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mib() -> float:
+    """This process's resident set size now, MiB (Linux /proc; elsewhere the peak so far)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return max_rss_mib()
+
+
+def child(args) -> None:
+    """Time one (model, precision, attention, allocator) setting in this fresh process; print a JSON line."""
+    kind, precision, attention, memory = args.child.split(",")
+    if memory == "kept" and not keep_freed_cpu_memory():
+        return print(json.dumps({"unavailable": True}))  # not glibc: no such setting
+    batch = make_batch(args)
+    model = build(kind, args, attention)
+    before = rss_mib()  # imports, model and batch: what the training steps add comes on top
+    seconds = time_steps(model, batch, args.steps, precision == "bf16")
+    print(json.dumps({"seconds": seconds, "rss_before_mib": before, "rss_peak_mib": max_rss_mib()}))
+
+
+def run_child(args, kind: str, precision: str, attention: str, memory: str) -> dict:
+    """Run `child` in a new Python process with the same model options and torch threads."""
+    options = ["--d-model", args.d_model, "--layers", args.layers, "--heads", args.heads, "--d-ff", args.d_ff,
+               "--vocab", args.vocab, "--batch", args.batch, "--length", args.length, "--steps", args.steps,
+               "--threads", torch.get_num_threads(), "--child", f"{kind},{precision},{attention},{memory}"]  # fmt: skip
+    done = subprocess.run([sys.executable, __file__, *map(str, options)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"child {kind} {precision} {attention} {memory} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--d-model", type=int, default=256)
@@ -71,35 +127,53 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--length", type=int, default=24)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
                         help="also time bf16 autocast; auto: only where the CPU has native bf16 (AVX-512/AMX)")
+    parser.add_argument("--peak-seconds", type=float, default=2.0,
+                        help="seconds of 2048 x 2048 matrix products per precision for the measured peak (default 2)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: one setting in a fresh process
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.child:
+        return child(args)
     capability = torch.backends.cpu.get_cpu_capability()
     with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and "AVX512" in capability)
 
-    generator = torch.Generator().manual_seed(0)
-    ids = lambda: torch.randint(4, args.vocab, (args.batch, args.length), generator=generator)  # noqa: E731
-    labels = ids()
-    batch = {"input_ids": ids(), "labels": labels, "decoder_input_ids": shift_tokens_right(labels, 0, 1)}  # both models
     tokens = args.batch * args.length
+    config = VaswaniTransformerConfig(vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers,
+                                      decoder_layers=args.layers, num_heads=args.heads, d_ff=args.d_ff)  # fmt: skip
+    step_flops = model_flops_per_target_token(config, args.length, args.length) * tokens
+    precisions = ["fp32"] + (["bf16"] if with_bf16 else [])
+    peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16", 2048, args.peak_seconds)
+            for p in precisions}  # fmt: skip
     print(f"batch {args.batch} x {args.length} tokens per side, d_model {args.d_model}, {args.layers}+{args.layers} layers, "
           f"h {args.heads}, d_ff {args.d_ff}, vocab {args.vocab}, torch threads {torch.get_num_threads()}, "
           f"CPU {capability}{'' if with_bf16 else ' (bf16 skipped: emulated on this CPU, far slower than fp32)'}")
-    print("| model | precision | attention | CPU memory | ms / step | target tokens / s | speed-up vs first row |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    settings = [(False, "sdpa"), (False, "eager")] + ([(True, "sdpa"), (True, "eager")] if with_bf16 else [])
+    print(f"model FLOPs per step {step_flops / 1e9:.3g} GFLOP ({step_flops / tokens / 1e6:.1f} MFLOP per target "
+          "token); "
+          "measured 2048^3 matmul peak " + ", ".join(f"{p} {peak[p] / 1e9:.0f} GFLOP/s" for p in precisions))
+    print("| model | precision | attention | CPU memory | ms / step | target tokens / s | speed-up vs first row "
+          "| GFLOP/s | MFU | peak RSS MiB (RSS before first step) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    settings = [("fp32", "sdpa"), ("fp32", "eager")] + ([("bf16", "sdpa"), ("bf16", "eager")] if with_bf16 else [])
     reference = None
-    # glibc's default allocator first, then freed memory kept in the process as train.py does on CPU (for the rest
-    # of this process: the setting cannot be undone).
-    for memory in ("glibc default", "kept (train.py)"):
-        if memory != "glibc default" and not keep_freed_cpu_memory():
-            break
-        for bf16, attention in settings:
+    # glibc's default allocator first, then freed memory kept in the process as train.py does on CPU; each
+    # (setting, model) in its own process, Marian and ours alternating.
+    for memory in ("default", "kept"):
+        for precision, attention in settings:
             for kind in ("marian", "vaswani"):
-                seconds = time_steps(build(kind, args, attention), batch, args.steps, bf16)
+                result = run_child(args, kind, precision, attention, memory)
+                if result.get("unavailable"):
+                    return
+                seconds = result["seconds"]
                 reference = reference or seconds
-                print(f"| {kind} | {'bf16 autocast' if bf16 else 'fp32'} | {attention} | {memory} | "
-                      f"{seconds * 1000:.0f} | {tokens / seconds:,.0f} | {reference / seconds:.2f}x |")
+                mfu = model_flops_utilization(step_flops, seconds, peak[precision])
+                print(f"| {kind} | {'bf16 autocast' if precision == 'bf16' else 'fp32'} | {attention} | "
+                      f"{'glibc default' if memory == 'default' else 'kept (train.py)'} | {seconds * 1000:.0f} | "
+                      f"{tokens / seconds:,.0f} | {reference / seconds:.2f}x | {step_flops / seconds / 1e9:.3g} | "
+                      f"{mfu:.0%} | {result['rss_peak_mib']:,.0f} ({result['rss_before_mib']:,.0f}) |", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForC
 from vaswani_transformer.flops import (
     PAPER_REPORTED_FLOPS,
     model_flops_per_target_token,
+    measure_matmul_peak,
     model_flops_utilization,
     paper_estimate,
     required_utilization,
@@ -144,3 +145,24 @@ def test_flops_command_prints_both_tables_and_takes_its_options():
     assert f"| P100 fp32 (the paper's figure) | 9.5 TFLOPS | {hours:,.2f} |" in out
     bad = subprocess.run([sys.executable, "-m", "vaswani_transformer.flops", "--device", "8"], capture_output=True, text=True)
     assert bad.returncode == 2 and "did you mean --devices" in bad.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float32", torch.bfloat16])
+def test_measure_matmul_peak_is_a_positive_rate_and_bounded_by_its_own_timing(dtype):
+    # 64 x 64 products for 0.05 s: at least one product of 2 * 64^3 FLOPs, so the rate is positive and finite,
+    # and at most what the counted products could do if the clock had run the whole requested time.
+    import time
+
+    start = time.perf_counter()
+    rate = measure_matmul_peak(dtype, size=64, seconds=0.05)
+    elapsed = time.perf_counter() - start
+    assert rate > 0 and rate != float("inf")
+    assert elapsed >= 0.05  # it timed at least the requested seconds
+    assert rate >= 2 * 64**3 / elapsed  # at least one product in the time it took
+
+
+@pytest.mark.parametrize("kwargs", [dict(dtype="int64"), dict(dtype="no_such_dtype"), dict(dtype=torch.int32),
+                                    dict(size=0), dict(size=2.5), dict(seconds=0), dict(seconds=-1.0)])  # fmt: skip
+def test_measure_matmul_peak_rejects_bad_input(kwargs):
+    with pytest.raises(ValueError):
+        measure_matmul_peak(**{"dtype": "float32", "size": 8, "seconds": 0.01, **kwargs})

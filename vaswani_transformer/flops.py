@@ -78,6 +78,34 @@ def model_flops_utilization(flops: float, seconds: float, peak_flops_per_second:
     return flops / seconds / peak_flops_per_second
 
 
+def measure_matmul_peak(dtype="float32", size: int = 2048, seconds: float = 2.0, device: str = "cpu") -> float:
+    """Measured FLOP/s of square `size` x `size` matrix products in `dtype` for about `seconds` (2 n^3 per product),
+    with the torch threads currently set: the peak that a model FLOPs utilisation is measured against."""
+    import time
+
+    import torch
+
+    dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch dtype or its name, got {dtype!r}.")
+    if not (isinstance(size, int) and size > 0) or not seconds > 0:
+        raise ValueError(f"size must be a positive int and seconds positive, got {size!r}, {seconds!r}.")
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=generator).to(device=device, dtype=dtype) for _ in range(2))
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    torch.mm(a, b, out=out)  # warm-up: kernel selection and first-touch of `out`
+    sync()
+    products, start = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b, out=out)
+        products += 1
+        sync()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return 2.0 * size**3 * products / elapsed
+
+
 def average_lengths(dataset, source_column: str = "source_length", target_column: str = "target_length"):
     """(mean source length, mean target length) in tokens of a tokenized map-style dataset, else None."""
     names = getattr(dataset, "column_names", None) or []
@@ -204,6 +232,7 @@ __all__ = [
     "average_lengths",
     "forward_flops_per_sentence",
     "hardware_table",
+    "measure_matmul_peak",
     "model_flops_per_target_token",
     "model_flops_utilization",
     "paper_estimate",

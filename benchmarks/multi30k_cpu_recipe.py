@@ -10,6 +10,11 @@ command), then prints a table: updates, tokens, wall time, throughput and sacreB
 and validation sacreBLEU (the set to choose settings on), and writes a learning-curve plot next to the run. Target:
 sacreBLEU >= 36.5 (HF MarianMT of the same size, 25 minutes, standard recipe: 33.6). Needs ../shared/data/multi30k
 (relative to the repository root).
+
+`--time_to_bleu 36.5` keeps every checkpoint and then finds the first one whose average with the (up to 8) checkpoints
+before it reaches that test sacreBLEU: minutes from the command's start to that checkpoint's write. It bisects over
+the checkpoints (test BLEU of the running average grows with training: a handful of evaluations instead of one per
+checkpoint) and prints every point it evaluated.
 """
 
 import argparse
@@ -38,18 +43,57 @@ def validation_scores(recipe: Path, model_dir: Path) -> str:
     return f"{report['sacrebleu']:.2f} ({report['chrf']:.2f})"
 
 
+def time_to_bleu(run: Path, start: float, target: float, recipe: Path, num_last: int = 8) -> list[tuple]:
+    """(minutes, step, test sacreBLEU) of the checkpoints evaluated by bisection for the first whose average with the
+    `num_last - 1` before it reaches `target`; the last row is that checkpoint (or the final one, when never)."""
+    from vaswani_transformer.checkpoints import average_checkpoints, checkpoint_problem, find_checkpoints
+    from vaswani_transformer.evaluation import evaluate_model
+    from vaswani_transformer.train import load_recipe
+
+    values = load_recipe(recipe)
+    prefix, source, target_lang = REPO / values["test_file"], values["source_lang"], values["target_lang"]
+    checkpoints = [c for c in find_checkpoints(run) if checkpoint_problem(c) is None]
+    scores: dict[int, float] = {}
+
+    def bleu(i: int) -> float:
+        if i not in scores:
+            folder = run / "time_to_bleu" / checkpoints[i].name
+            average_checkpoints(checkpoints[max(0, i - num_last + 1) : i + 1], None, folder)
+            report = evaluate_model(folder, f"{prefix}.{source}", f"{prefix}.{target_lang}", source_lang=source,
+                                    target_lang=target_lang)  # fmt: skip
+            scores[i] = report["sacrebleu"]
+            print(f"  {minutes(i):6.1f} min  {checkpoints[i].name}: test sacreBLEU {scores[i]:.2f}", flush=True)
+        return scores[i]
+
+    def minutes(i: int) -> float:
+        return ((checkpoints[i] / "trainer_state.json").stat().st_mtime - start) / 60
+
+    low, high = 0, len(checkpoints) - 1
+    if bleu(high) >= target:
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if bleu(middle) >= target else (middle + 1, high)
+    return [(round(minutes(i), 1), checkpoints[i].name, round(scores[i], 2)) for i in sorted(scores)] + [
+        (round(minutes(high), 1), checkpoints[high].name, round(bleu(high), 2))
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=25.0, help="training budget (wall clock)")
     parser.add_argument("--output_dir", default="runs/multi30k_cpu")
     parser.add_argument("--recipe", default="configs/multi30k_cpu.yaml")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the machine's cores)")
+    parser.add_argument("--time_to_bleu", type=float, default=None,
+                        help="keep every checkpoint and report the minutes until test sacreBLEU first reaches this")
     parser.add_argument("extra", nargs="*", help="more --flags for scripts/train.py (after --)")
     args = parser.parse_args()
 
     out = Path(args.output_dir)
     cmd = [sys.executable, str(REPO / "scripts" / "train.py"), args.recipe, "--output_dir", str(out),
            "--max_train_minutes", str(args.minutes), *args.extra]  # fmt: skip
+    if args.time_to_bleu is not None:
+        cmd += ["--save_total_limit", "100000"]  # every checkpoint stays, for the time-to-BLEU search
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     print("$", " ".join(cmd), flush=True)
     start = time.time()
@@ -80,6 +124,12 @@ def main() -> None:
         ("whole job wall time (s)", round(total, 1)),
         ("learning curve", plot),
     ]
+    if args.time_to_bleu is not None:
+        print(f"\nTime to test sacreBLEU {args.time_to_bleu} (average of up to 8 checkpoints, by bisection):")
+        points = time_to_bleu(REPO / out, start, args.time_to_bleu, REPO / args.recipe)
+        reached = points[-1][2] >= args.time_to_bleu
+        rows.append((f"minutes to test sacreBLEU {args.time_to_bleu}",
+                     f"{points[-1][0]} ({points[-1][1]})" if reached else f"not reached ({points[-1][2]} at the end)"))  # fmt: skip
     width = max(len(k) for k, _ in rows)
     print("\n| " + "metric".ljust(width) + " | value |\n|" + "-" * (width + 2) + "|-------|")
     for k, v in rows:

@@ -636,3 +636,27 @@ def test_remote_code_in_a_process_without_the_package_gives_identical_logits(tmp
     with torch.no_grad():
         expected = model(input_ids=source, decoder_input_ids=target).logits
     assert torch.equal(torch.load(tmp_path / "logits.pt"), expected)
+
+
+@pytest.mark.parametrize("p", [0.05, 0.1, 0.3])
+def test_cpu_dropout_drops_each_element_with_probability_p_and_scales_the_rest(p):
+    """The model's dropout on a CPU (16 random bits per element, four per 64-bit draw): in every one of the four
+    element positions of a draw the dropped fraction is p within 6 binomial standard deviations, kept elements are
+    x / (1 - p) exactly, the gradient is the same mask and scale, eval mode is the identity, a seed repeats it."""
+    from vaswani_transformer.modeling_vaswani_transformer import Dropout
+
+    x = (torch.rand(400_000, generator=torch.Generator().manual_seed(1)) + 0.5).requires_grad_()  # no zeros
+    dropout = Dropout(p).train()
+    torch.manual_seed(0)
+    y = dropout(x)
+    y.backward(torch.full_like(y, 3.0))
+    dropped = y.detach() == 0
+    lanes = dropped.view(-1, 4).double().mean(0)  # elements 4k + j share one 64-bit draw
+    sigma = (p * (1 - p) / 100_000) ** 0.5
+    assert torch.all((lanes - p).abs() < 6 * sigma), lanes
+    assert torch.equal(y.detach()[~dropped], x.detach()[~dropped] * (1.0 / (1.0 - p)))
+    torch.testing.assert_close(x.grad, torch.where(dropped, 0.0, 3.0 / (1.0 - p)), rtol=1e-6, atol=0)
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x.detach()), y.detach())
+    assert torch.equal(dropout.eval()(x.detach()), x.detach())
+    assert Dropout(p).train()(torch.ones(3, 5, dtype=torch.bfloat16)).dtype == torch.bfloat16

@@ -29,6 +29,7 @@ from vaswani_transformer.trainer import (
     VaswaniSeq2SeqTrainer,
     build_optimizer,
     gradient_accumulation_for,
+    label_smoothed_cross_entropy,
 )
 
 import helpers
@@ -153,6 +154,33 @@ def test_label_smoothed_loss_equals_transformers_label_smoother_and_the_formula(
     assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
     assert loss.item() == pytest.approx(formula.item(), rel=1e-5)
     assert summed.item() == pytest.approx(formula.item() / 2, rel=1e-5)  # normalised by the update's token count
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_blocked_label_smoothed_cross_entropy_equals_the_float64_formula_with_its_gradient(dtype, epsilon):
+    """The CPU loss in row blocks (vocabulary 9000: 29 rows per block, 70 tokens: three blocks, the last partial)
+    equals (1-eps)*-log p(y) + eps*mean_v(-log p(v)) summed over real tokens, and its gradient equals autograd's of
+    that formula, both in float64 (to float32 for float32 logits, to bf16 rounding for bf16 logits)."""
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(70, 9000, generator=generator, dtype=torch.float64) * 4).to(dtype).requires_grad_()
+    labels = torch.randint(0, 9000, (70,), generator=generator)
+    labels[[0, 28, 29, 69]] = -100  # ignored, also at block edges
+    labels[1] = 8999
+    before = logits.detach().clone()
+    loss = label_smoothed_cross_entropy(logits, labels, epsilon)
+    (loss * 0.5).backward()  # an upstream gradient other than 1
+    assert torch.equal(logits.detach(), before)  # the logits are not overwritten
+    exact = logits.detach().double().requires_grad_()
+    log_p, real = torch.log_softmax(exact, -1), labels != -100
+    nll = -log_p.gather(-1, labels.clamp(min=0)[:, None])[:, 0]
+    formula = ((1 - epsilon) * nll - epsilon * log_p.mean(-1))[real].sum()
+    (formula * 0.5).backward()
+    assert logits.grad.dtype == dtype
+    assert loss.item() == pytest.approx(formula.item(), rel=1e-6)
+    tolerance = dict(atol=1e-6, rtol=0) if dtype == torch.float32 else dict(atol=2e-3, rtol=1e-2)
+    torch.testing.assert_close(logits.grad.double(), exact.grad, **tolerance)
+    assert torch.all(logits.grad[[0, 28, 29, 69]] == 0)
 
 
 def test_labels_are_shifted_by_the_model_alone_with_the_same_loss_and_gradients(tmp_path):

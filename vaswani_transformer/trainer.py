@@ -137,6 +137,56 @@ def gradient_accumulation_for(tokens_per_update: int, max_tokens_per_batch: int,
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _KEEP_BYTES = -1, -3, 1 << 30
 
 
+class _LabelSmoothedCrossEntropy(torch.autograd.Function):
+    """Summed label-smoothed cross-entropy of (tokens, vocabulary) logits, forward and backward in row blocks that
+    stay in cache: one float32 block at a time, not vocabulary-sized float32 copies, log-probabilities and their
+    gradient for the whole batch (on a CPU those passes over memory cost more than the arithmetic)."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, epsilon, rows):
+        valid, labels = labels != -100, labels.clamp(min=0)
+        logsumexp = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for i in range(0, logits.shape[0], rows):
+            block = logits[i : i + rows].float()
+            logsumexp[i : i + rows] = lse = torch.logsumexp(block, -1)
+            # -log p(y) = lse - x_y; mean over the vocabulary of -log p(v) = lse - mean(x)
+            target = block.gather(1, labels[i : i + rows, None])[:, 0]
+            per_token = lse - (1 - epsilon) * target - epsilon * block.mean(-1)
+            total += (per_token * valid[i : i + rows]).sum()
+        ctx.save_for_backward(logits, labels, valid, logsumexp)
+        ctx.epsilon, ctx.rows = epsilon, rows
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        logits, labels, valid, logsumexp = ctx.saved_tensors
+        epsilon, rows = ctx.epsilon, ctx.rows
+        grad = torch.empty_like(logits)
+        weight = (valid * grad_total)[:, None]
+        for i in range(0, logits.shape[0], rows):
+            # d/dx = softmax(x) - (1 - eps) onehot(y) - eps / V, for the tokens that count
+            block = logits[i : i + rows].to(torch.float32, copy=True)  # never in place in the caller's logits
+            block.sub_(logsumexp[i : i + rows, None]).exp_()
+            block.sub_(epsilon / logits.shape[-1]).scatter_add_(
+                1, labels[i : i + rows, None], block.new_full((block.shape[0], 1), epsilon - 1)
+            )
+            grad[i : i + rows] = block.mul_(weight[i : i + rows])
+        return grad, None, None, None
+
+
+def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Sum over the target tokens (label -100 ignored) of (1 - eps) * -log p(y) + eps * mean_v(-log p(v)), from
+    (tokens, vocabulary) logits of any float dtype, computed in float32: ``F.cross_entropy(logits.float(), labels,
+    label_smoothing=eps, reduction="sum")``. On a CPU in cache-sized row blocks (`_LabelSmoothedCrossEntropy`)."""
+    if logits.device.type != "cpu":
+        return torch.nn.functional.cross_entropy(
+            logits.float(), labels, ignore_index=-100, label_smoothing=epsilon, reduction="sum"
+        )
+    rows = max(1, 2**18 // logits.shape[-1])  # 1 MiB of float32 per block
+    return _LabelSmoothedCrossEntropy.apply(logits, labels, float(epsilon), rows)
+
+
 def keep_freed_cpu_memory() -> bool:
     """Make glibc's malloc keep freed blocks of up to 1 GiB in the process instead of returning them to the OS.
 
@@ -391,7 +441,7 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
 
     # -- loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """Label-smoothed cross-entropy in one fused ``F.cross_entropy(label_smoothing=...)`` call, for every eps.
+        """Label-smoothed cross-entropy (:func:`label_smoothed_cross_entropy`), for every eps.
 
         The same value as transformers' ``LabelSmoother`` ((1 - eps) * NLL + eps * mean over the vocabulary of -log p,
         per non-padding target token; summed and divided by ``num_items_in_batch`` when the Trainer gives it), without
@@ -412,10 +462,7 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             )
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        summed = torch.nn.functional.cross_entropy(
-            logits.float().flatten(0, 1), labels.to(logits.device).flatten(), ignore_index=-100,
-            label_smoothing=epsilon, reduction="sum",
-        )  # fmt: skip
+        summed = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.to(logits.device).flatten(), epsilon)
         if num_items_in_batch is None:
             loss = summed / (labels != -100).sum().clamp(min=1)
         else:

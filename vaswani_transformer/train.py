@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import yaml
 from transformers import (
     AutoConfig,
@@ -62,6 +63,7 @@ from .trainer import (
     NonFiniteLossError,
     VaswaniSeq2SeqTrainer,
     gradient_accumulation_for,
+    has_native_bf16,
     keep_freed_cpu_memory,
 )
 
@@ -100,9 +102,9 @@ class ModelArguments:
     attn_implementation: str | None = field(
         default=None,
         metadata={
-            "help": "Attention kernel for training: sdpa (default), eager, flash_attention_2 or flex_attention. With "
-            "--bf16 on a CPU try eager: PyTorch's SDPA backward in bf16 can be slower than fp32 there "
-            "(benchmarks/training_step_speed.py compares them). The saved model keeps the default."
+            "help": "Attention kernel for training: sdpa, eager, flash_attention_2 or flex_attention. Default: "
+            "eager for bf16 on a CPU (PyTorch's CPU SDPA backward in bf16 is no faster than fp32; "
+            "benchmarks/training_step_speed.py compares them), else sdpa. The saved model keeps sdpa."
         },
     )
     cache_dir: str | None = field(default=None, metadata={"help": "datasets/transformers cache folder."})
@@ -181,6 +183,11 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
     report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Loggers (tensorboard)."})
     logging_first_step: bool = field(default=True, metadata={"help": "Log the first update."})
+    bf16_where_native: bool = field(
+        default=False,
+        metadata={"help": "bf16 mixed precision (as --bf16) where the training device multiplies bf16 in hardware "
+                  "(CPUs with AVX-512 BF16 or AMX, CUDA GPUs with bf16), fp32 elsewhere (emulated bf16 is slower)."},
+    )
     keep_freed_cpu_memory: bool = field(
         default=True,
         metadata={"help": "Training on CPU: keep freed memory in the process (glibc malloc) instead of returning it "
@@ -196,6 +203,9 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
         if self.save_every_minutes is not None and self.save_every_minutes <= 0:
             raise ValueError(f"save_every_minutes must be positive, got {self.save_every_minutes}.")
+        if self.bf16_where_native and not (self.bf16 or self.fp16):
+            # Decided before transformers' own checks, which set up mixed precision from --bf16.
+            self.bf16 = has_native_bf16("cpu" if self.use_cpu or not torch.cuda.is_available() else "cuda")
         super().__post_init__()
 
 
@@ -388,9 +398,17 @@ def _load_tokenizer(model_args, data_args, training_args, raw):
         )
 
 
-def _load_model(model_args, tokenizer):
+def training_attention(model_args, training_args) -> str | None:
+    """The attention kernel to train with: the one asked for; else eager for bf16 on a CPU, where PyTorch's SDPA
+    backward runs bf16 no faster than fp32 (eager: ~1.4x, benchmarks/training_step_speed.py); else the default."""
+    if model_args.attn_implementation is not None:
+        return model_args.attn_implementation
+    return "eager" if training_args.bf16 and training_args.device.type == "cpu" else None
+
+
+def _load_model(model_args, tokenizer, attention: str | None = None):
     overrides = parse_config_overrides(model_args.config_overrides)
-    kernel = {} if model_args.attn_implementation is None else {"attn_implementation": model_args.attn_implementation}
+    kernel = {} if attention is None else {"attn_implementation": attention}
     if model_args.model_name_or_path is not None:
         if overrides:
             raise ValueError("config_overrides only applies to a new model, not to --model_name_or_path.")
@@ -456,7 +474,7 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
     with training_args.main_process_first(desc="preparing the data"):
         raw = _prepare_data(model_args, data_args, training_args)
     tokenizer = _load_tokenizer(model_args, data_args, training_args, raw)
-    model = _load_model(model_args, tokenizer)
+    model = _load_model(model_args, tokenizer, training_attention(model_args, training_args))
     check_tokenizer_matches_config(tokenizer, model.config)  # before any training
 
     max_tokens = data_args.max_tokens_per_batch

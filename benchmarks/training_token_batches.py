@@ -1,0 +1,275 @@
+"""Training on real Multi30k batches: our model and recipe's step against HF MarianMTModel at the same configuration.
+
+Issue 15, section 1 (a) and (b). Rows, each timed in its own process (models alternating, `--rounds` times):
+
+* ours, token batches: our model on the recipe's `TokenBatchSampler` batches (at most `--max-tokens` tokens per side,
+  padding included), our loss (`trainer.label_smoothed_cross_entropy`), fused Adam; bf16 autocast with the kernel
+  `train.training_attention` picks (eager on a CPU), fp32 with SDPA;
+* marian, token batches: `MarianMTModel` configured identically (ReLU, sinusoids, scaled and shared embeddings, tied
+  output layer) on the *same* batches, transformers' `LabelSmoother` (what `Seq2SeqTrainer` uses for label smoothing
+  0.1), fused Adam, the same kernel per precision (the faster one for Marian too: training_step_speed.py);
+* marian, standard recipe: the same, on random batches of 64 sentences (run_translation.py's
+  `per_device_train_batch_size 64`), so padded to the longest of 64 random sentences.
+
+Real target tokens/s counts non-padding target tokens. Model FLOPs are `flops.training_flops` of each batch's real
+target tokens at its mean real lengths; MFU divides their rate by a matrix-product peak measured in this run.
+
+    python benchmarks/training_token_batches.py                                        # small model, 1024 tokens
+    python benchmarks/training_token_batches.py --preset base --max-tokens 2048 --steps 6 --warmup 2
+
+Needs ../shared/data/multi30k (relative to the repository root); trains (once, cached in `--cache-dir`) the recipe's
+8k BPE vocabulary.
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration  # noqa: E402
+from vaswani_transformer.flops import measure_matmul_peak, model_flops_utilization, training_flops  # noqa: E402
+from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory  # noqa: E402
+from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
+
+SMALL = dict(d_model=256, d_ff=1024, num_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.05)  # the CPU recipe
+
+
+def model_config(preset: str, tokenizer_fields: dict) -> VaswaniTransformerConfig:
+    """The Multi30k CPU recipe's small model ("small") or a paper preset, over the benchmark's vocabulary."""
+    fields = SMALL if preset == "small" else {}
+    return VaswaniTransformerConfig.from_preset("base" if preset == "small" else preset, **tokenizer_fields, **fields)
+
+
+def prepare_batches(args, folder: Path) -> dict:
+    """Tokenise Multi30k train once; save the first token batches and random 64-sentence batches to `folder`."""
+    from vaswani_transformer.data import TokenBatchSampler, TranslationDataCollator, load_parallel_dataset
+    from vaswani_transformer.data import iter_parallel_texts, tokenize_parallel_dataset
+    from vaswani_transformer.tokenization import config_kwargs_from_tokenizer, train_tokenizer
+    from transformers import AutoTokenizer
+
+    raw = load_parallel_dataset(train_file=str(args.data / "train"), source_lang="en", target_lang="de")
+    cache = Path(args.cache_dir) / "tokenizer"
+    if (cache / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(cache)
+    else:
+        texts = iter_parallel_texts(raw, "en", "de", split="train")
+        tokenizer = train_tokenizer(texts, vocab_size=8000, length=2 * len(raw["train"]), output_dir=cache)
+    tokenized, _ = tokenize_parallel_dataset(raw, tokenizer, "en", "de", max_source_tokens=args.max_tokens,
+                                             max_target_tokens=args.max_tokens)  # fmt: skip
+    train = tokenized["train"]
+    collate = TranslationDataCollator(tokenizer)
+    count = args.warmup + args.steps
+    token_batches = list(TokenBatchSampler.from_dataset(train, args.max_tokens, seed=1))[:count]
+    order = np.random.default_rng(1).permutation(len(train))
+    sentence_batches = [order[i * 64 : (i + 1) * 64].tolist() for i in range(count)]
+    for name, batches in (("token", token_batches), ("sentences64", sentence_batches)):
+        torch.save([collate([train[i] for i in batch]) for batch in batches], folder / f"{name}.pt")
+    return config_kwargs_from_tokenizer(tokenizer)
+
+
+def build(kind: str, config: VaswaniTransformerConfig, attention: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "ours":
+        config._attn_implementation = attention
+        return VaswaniTransformerForConditionalGeneration(config)
+    from transformers import MarianConfig, MarianMTModel
+
+    marian = MarianConfig(
+        vocab_size=config.vocab_size, d_model=config.d_model, encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers, encoder_attention_heads=config.num_heads,
+        decoder_attention_heads=config.num_heads, encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
+        activation_function="relu", scale_embedding=True, dropout=config.dropout, attention_dropout=0.0,
+        activation_dropout=0.0, max_position_embeddings=1024, pad_token_id=config.pad_token_id,
+        decoder_start_token_id=config.decoder_start_token_id, eos_token_id=config.eos_token_id,
+    )  # fmt: skip
+    marian._attn_implementation = attention
+    return MarianMTModel(marian)
+
+
+def child(args) -> None:
+    """Time one (model, batches, precision) setting in this fresh process; print a JSON line."""
+    from transformers.models.marian.modeling_marian import shift_tokens_right
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    kind, batches_name, precision = args.child.split(",")
+    keep_freed_cpu_memory()  # as train.py does on a CPU
+    batches = torch.load(Path(args.batches_dir) / f"{batches_name}.pt")
+    config = model_config(args.preset, json.loads(args.tokenizer_fields))
+    bf16 = precision == "bf16"
+    attention = attention_for(bf16)
+    model = build(kind, config, attention).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    smoother = LabelSmoother(epsilon=0.1)
+    seconds, tokens, flops = 0.0, 0, 0.0
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if args.profile else None
+    for step, batch in enumerate(batches):
+        if profiler is not None and step == args.warmup:
+            profiler.start()
+        labels = batch["labels"]
+        if kind == "marian":  # transformers' collator gives Marian its decoder inputs
+            decoder_inputs = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            if kind == "ours":
+                decoder_inputs = model.prepare_decoder_input_ids_from_labels(labels)
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           decoder_input_ids=decoder_inputs).logits  # fmt: skip
+        real = labels != -100
+        if kind == "ours":
+            loss = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.flatten(), 0.1) / real.sum()
+        else:
+            loss = smoother({"logits": logits}, labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= args.warmup:  # warm-up steps are not timed
+            seconds += time.perf_counter() - start
+            target_tokens = int(real.sum())
+            tokens += target_tokens
+            source_length = float(batch["attention_mask"].sum()) / len(labels)
+            flops += training_flops(config, target_tokens, source_length, target_tokens / len(labels))
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    steps = len(batches) - args.warmup
+    shares = None
+    if profiler is not None:
+        profiler.stop()
+        shares = profile_shares(profiler.key_averages())
+    print(json.dumps({"ms": 1000 * seconds / steps, "tok_s": tokens / seconds, "flop_s": flops / seconds,
+                      "rss": peak_rss, "attention": attention, "profile": shares}))  # fmt: skip
+
+
+# Where the time of a training step goes: torch ops (self CPU time) by what they do.
+PROFILE_GROUPS = {
+    "matrix products (mm, addmm, bmm)": ("aten::mm", "aten::addmm", "aten::bmm"),
+    "dropout masks (random numbers)": ("aten::bernoulli_", "aten::random_"),
+    "loss over the vocabulary (log-softmax, exp)": ("aten::_log_softmax", "aten::_log_softmax_backward_data",
+                                                    "aten::exp_", "aten::logsumexp", "aten::nll_loss_forward",
+                                                    "aten::nll_loss_backward"),  # fmt: skip
+    "precision casts (bf16 <-> fp32)": ("aten::copy_", "aten::_to_copy"),
+    "attention softmax": ("aten::_softmax", "aten::_softmax_backward_data"),
+    "layer norm": ("aten::native_layer_norm", "aten::native_layer_norm_backward"),
+    "optimizer (fused Adam)": ("aten::_fused_adam_", "aten::_fused_adamw_"),
+}
+
+
+def profile_shares(events) -> dict[str, float]:
+    """Share of the profiled self CPU time per `PROFILE_GROUPS` entry, the rest as elementwise and other ops."""
+    total = sum(e.self_cpu_time_total for e in events)
+    shares = {group: sum(e.self_cpu_time_total for e in events if e.key in names) / total
+              for group, names in PROFILE_GROUPS.items()}  # fmt: skip
+    shares["elementwise and other ops (adds, masks, ReLU, ...)"] = 1.0 - sum(shares.values())
+    return shares
+
+
+def attention_for(bf16: bool) -> str:
+    """The kernel the training job picks (`train.training_attention`), SDPA where it picks the model's default."""
+    from vaswani_transformer.train import training_attention
+
+    training_args = SimpleNamespace(bf16=bf16, device=SimpleNamespace(type="cpu"))
+    return training_attention(SimpleNamespace(attn_implementation=None), training_args) or "sdpa"
+
+
+def run_child(args, folder: Path, tokenizer_fields: dict, setting: str, profile: bool = False) -> dict:
+    options = ["--preset", args.preset, "--max-tokens", args.max_tokens, "--steps", args.steps, "--warmup", args.warmup,
+               *(["--profile"] if profile else []), "--threads", torch.get_num_threads(), "--batches-dir", folder,
+               "--tokenizer-fields", json.dumps(tokenizer_fields), "--child", setting]  # fmt: skip
+    done = subprocess.run([sys.executable, __file__, *map(str, options)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"child {setting} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def results_median(results: dict, key: tuple) -> dict:
+    """The run of a setting with the median real tokens/s."""
+    runs = sorted(results[key], key=lambda run: run["tok_s"])
+    return runs[len(runs) // 2]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="small", help="small (the Multi30k CPU recipe's model), base or big")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="tokens per side per batch (recipe: 1024)")
+    parser.add_argument("--steps", type=int, default=30, help="timed updates per setting")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed updates first")
+    parser.add_argument("--rounds", type=int, default=2, help="times each setting runs (median shown)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
+                        help="also time bf16 autocast; auto: where the CPU multiplies bf16 in hardware")
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--cache-dir", default=str(REPO / "runs" / "benchmark_cache"))
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one more run of each token-batch row and print where the time goes")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--batches-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer-fields", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.child:
+        return child(args)
+    with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_native_bf16("cpu"))
+    precisions = ["fp32"] + (["bf16"] if with_bf16 else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        tokenizer_fields = prepare_batches(args, folder)
+        config = model_config(args.preset, tokenizer_fields)
+        peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16") for p in precisions}
+        print(f"{args.preset} model (d_model {config.d_model}, d_ff {config.d_ff}, h {config.num_heads}, "
+              f"{config.encoder_layers}+{config.decoder_layers} layers, vocabulary {config.vocab_size}), Multi30k "
+              f"train batches: token batches of <= {args.max_tokens} tokens per side, or random 64 sentences; "
+              f"{args.warmup} untimed + {args.steps} timed updates, median of {args.rounds} runs; torch threads "
+              f"{torch.get_num_threads()}, CPU {torch.backends.cpu.get_cpu_capability()}, native bf16 "
+              f"{has_native_bf16('cpu')}; measured 2048^3 matmul peak "
+              + ", ".join(f"{p} {peak[p] / 1e9:.0f} GFLOP/s" for p in precisions))
+        settings = [("marian", "token"), ("ours", "token"), ("marian", "sentences64")]
+        results: dict[tuple, list[dict]] = {}
+        for _ in range(args.rounds):
+            for precision in precisions:
+                for kind, batches in settings:
+                    key = (kind, batches, precision)
+                    results.setdefault(key, []).append(run_child(args, folder, tokenizer_fields, ",".join(key)))
+        profiles = {}  # a separate run: the profiler's own cost stays out of the timings above
+        if args.profile:
+            for precision in precisions:
+                for kind in ("marian", "ours"):
+                    setting = f"{kind},token,{precision}"
+                    profiles[(kind, precision)] = run_child(args, folder, tokenizer_fields, setting, True)["profile"]
+    print("| model | batches | precision | attention | ms / update | real target tokens / s | ours vs this row "
+          "| GFLOP/s | MFU | peak RSS MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for precision in precisions:
+        median = {key[:2]: results_median(results, key) for key in results if key[2] == precision}
+        ours = median[("ours", "token")]["tok_s"]
+        for kind, batches in settings:
+            row = median[(kind, batches)]
+            label = "token batches" if batches == "token" else "64 random sentences"
+            print(f"| {kind} | {label} | {'bf16 autocast' if precision == 'bf16' else 'fp32'} | {row['attention']} "
+                  f"| {row['ms']:.0f} | {row['tok_s']:,.0f} | {ours / row['tok_s']:.2f}x | {row['flop_s'] / 1e9:.0f} "
+                  f"| {model_flops_utilization(row['flop_s'], 1.0, peak[precision]):.0%} | {row['rss']:,.0f} |")
+    recipe = "bf16" if "bf16" in precisions else "fp32"  # how the CPU recipe trains here (bf16_where_native)
+    ours = results_median(results, ("ours", "token", recipe))
+    standard = results_median(results, ("marian", "sentences64", "fp32"))
+    print(f"\nOurs as the CPU recipe trains here ({recipe}) against MarianMT's standard recipe (random 64-sentence "
+          f"batches, fp32: transformers' default): {ours['tok_s'] / standard['tok_s']:.2f}x real target tokens / s")
+    if profiles:
+        print("\nWhere the time of a step goes (token batches; share of the profiled CPU time, torch.profiler):")
+        columns = list(profiles)
+        print("| ops | " + " | ".join(f"{kind}, {precision}" for kind, precision in columns) + " |")
+        print("| --- |" + " --- |" * len(columns))
+        for group in next(iter(profiles.values())):
+            print(f"| {group} | " + " | ".join(f"{profiles[c][group]:.0%}" for c in columns) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -14,16 +14,22 @@ Rows: ours with the paper's beam search (the default `generate`); ours with `len
 search, `early_stopping=True` (stop at num_beams finished hypotheses; fewer steps than an exact search) and "never"
 (the exact search, what ours does).
 
+With `--model FOLDER --sources FILE` (one of our trained models, e.g. the Multi30k recipe's `averaged`, and source
+sentences, e.g. test_2016_flickr.en) the weights and sources are real, and "natural" lengths are the model's own
+(no eos bias); the first `--batch-size` lines are the batch.
+
 Target: ours >= 1.5x MarianMT's sentences/second.
 
     python benchmarks/beam_search_speed.py --batch-size 32 --repeats 3 --threads 1
+    python benchmarks/beam_search_speed.py --model runs/multi30k_cpu/averaged \
+        --sources ../shared/data/multi30k/test_2016_flickr.en --batch-size 16 --threads 1
 """
 
 import argparse
 import time
 
 import torch
-from transformers import MarianConfig, MarianMTModel
+from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 
@@ -123,27 +129,41 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", help="one of our trained model folders instead of random weights")
+    parser.add_argument("--sources", help="with --model: a file of source sentences (the first --batch-size lines)")
     args = parser.parse_args()
+    if (args.model is None) != (args.sources is None):
+        parser.error("--model and --sources go together")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    size = dict(d_model=256, encoder_layers=3, decoder_layers=3)
-    ours = VaswaniTransformerForConditionalGeneration(
-        VaswaniTransformerConfig(vocab_size=args.vocab_size, num_heads=4, d_ff=1024, dropout=0.0, **size)
-    ).eval()
+    if args.model:
+        ours = VaswaniTransformerForConditionalGeneration.from_pretrained(args.model).eval()
+        with open(args.sources, encoding="utf-8") as lines:
+            batch = [line.rstrip("\n") for _, line in zip(range(args.batch_size), lines)]
+        encoded = AutoTokenizer.from_pretrained(args.model)(batch, padding=True, return_tensors="pt")
+        inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+        args.vocab_size, args.eos_bias, args.batch_size = ours.config.vocab_size, 0.0, len(batch)
+    else:
+        size = dict(d_model=256, encoder_layers=3, decoder_layers=3)
+        ours = VaswaniTransformerForConditionalGeneration(
+            VaswaniTransformerConfig(vocab_size=args.vocab_size, num_heads=4, d_ff=1024, dropout=0.0, **size)
+        ).eval()
+        inputs = sources(args.batch_size, args.source_length, args.vocab_size, args.seed)
     if args.eos_bias:
         with torch.no_grad():  # make </s> likelier, so that hypotheses end at various lengths
             eos = ours.lm_head.weight[2]
             ours.model.decoder.layers[-1].feed_forward_residual.layer_norm.bias.copy_(args.eos_bias * eos / eos.norm())
     marian = marian_with_the_same_weights(ours)
-    inputs = sources(args.batch_size, args.source_length, args.vocab_size, args.seed)
     longest = int(inputs["attention_mask"].sum(-1).max())
     scenarios = {
         "fixed": dict(max_new_tokens=args.new_tokens, suppress_tokens=[2]),
         "natural": {},
     }
+    what = f"sources from {args.sources}, model {args.model}" if args.model else f"sources ~{args.source_length} tokens"
     print(
-        f"# batch {args.batch_size}, sources ~{args.source_length} tokens, beam {args.num_beams}, vocab "
+        f"# batch {args.batch_size}, "
+        f"{what}, beam {args.num_beams}, vocab "
         f"{args.vocab_size}, {args.threads} thread(s), best of {args.repeats}; fixed: {args.new_tokens} steps, "
         f"natural: eos bias {args.eos_bias}\n"
     )

@@ -405,7 +405,7 @@ def paper_beam_search(
         log_probs = nn.functional.log_softmax(logits, dim=-1)
         if len(logits_processor) > 0:
             log_probs = logits_processor(alive.sequences, log_probs)
-            bound_valid = bound_valid and not bool((log_probs > 0).any())
+            bound_valid = bound_valid and not bool(log_probs.max() > 0)  # one pass, no boolean tensor
         record.add(outputs, log_probs, logits, alive.active, K)
         del outputs
 

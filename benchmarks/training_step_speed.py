@@ -30,7 +30,7 @@ from transformers import MarianConfig, MarianMTModel
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.flops import measure_matmul_peak, model_flops_per_target_token, model_flops_utilization
 from vaswani_transformer.modeling_vaswani_transformer import shift_tokens_right
-from vaswani_transformer.trainer import keep_freed_cpu_memory
+from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory
 
 
 def build(kind: str, args, attention: str) -> torch.nn.Module:
@@ -139,7 +139,7 @@ def main():
     if args.child:
         return child(args)
     capability = torch.backends.cpu.get_cpu_capability()
-    with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and "AVX512" in capability)
+    with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_native_bf16("cpu"))
 
     tokens = args.batch * args.length
     config = VaswaniTransformerConfig(vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers,

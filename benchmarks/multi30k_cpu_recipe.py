@@ -36,8 +36,8 @@ def validation_scores(recipe: Path, model_dir: Path) -> str:
 
     values = load_recipe(recipe)
     prefix = REPO / values["validation_file"]
-    if not model_dir.is_dir():
-        return "no averaged model"
+    if not (model_dir / "model.safetensors").is_file():
+        return f"no model in {model_dir}"
     source, target = values["source_lang"], values["target_lang"]
     report = evaluate_model(model_dir, f"{prefix}.{source}", f"{prefix}.{target}", source_lang=source, target_lang=target)
     return f"{report['sacrebleu']:.2f} ({report['chrf']:.2f})"
@@ -102,7 +102,10 @@ def main() -> None:
 
     result = json.loads((REPO / out / "training_summary.json").read_text())
     summary, test = result.get("summary", {}), result.get("test", {})
-    validation = validation_scores(REPO / args.recipe, REPO / out / "averaged")
+    # The tested model: the average of the last checkpoints, or the final weights where the recipe averages none.
+    tested = REPO / out / "averaged" if result.get("averaged_model") else REPO / out
+    validation = validation_scores(REPO / args.recipe, tested)
+    ready = ((tested / "model.safetensors").stat().st_mtime - start) / 60
     from vaswani_transformer.plots import plot_learning_curve
 
     plot = plot_learning_curve(
@@ -117,6 +120,7 @@ def main() -> None:
         ("training wall time (s)", summary.get("wall_time_seconds")),
         ("target tokens / s", summary.get("target_tokens_per_second")),
         ("averaged checkpoints", "yes" if result.get("averaged_model") else "no"),
+        ("minutes from the command's start to the tested model", round(ready, 1)),
         ("validation sacreBLEU (chrF)", validation),
         ("test_2016_flickr sacreBLEU", round(test.get("test_bleu", float("nan")), 2)),
         ("test_2016_flickr chrF", round(test.get("test_chrf", float("nan")), 2)),

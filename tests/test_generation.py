@@ -603,6 +603,25 @@ def test_a_static_cache_and_a_compiled_forward_give_the_same_tokens():
     assert torch.equal(compiled, expected.sequences)
 
 
+def test_a_compiled_decoding_step_is_compiled_once():
+    # The step's decoder input was a slice of the growing sequences, whose row stride changed every step: each step
+    # recompiled the decoder (and with fullgraph=True failed at torch's recompile limit of 8).
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    model = tiny_model(1)
+    inputs = random_sources(2)
+    expected = model.generate(**inputs, max_new_tokens=12, suppress_tokens=[2])
+    compile_config = CompileConfig(fullgraph=True, backend="eager")
+    compile_config._compile_all_devices = True
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = model.generate(**inputs, max_new_tokens=12, suppress_tokens=[2], cache_implementation="static",
+                              compile_config=compile_config)  # fmt: skip
+    assert torch.equal(compiled, expected)
+    assert counters["stats"]["unique_graphs"] == 1  # 11 one-token steps after the uncompiled first one: one graph
+
+
 def test_synced_gpus_gives_the_same_result(tmp_path):
     import torch.distributed as dist
 

@@ -386,10 +386,12 @@ def paper_beam_search(
     while model._has_unfinished_sequences(this_peer_finished, paper_synced_gpus, device=device):
         # The first step reads the whole prompt (not compiled, as transformers' prefill); later ones one token.
         forward = decode_forward if step > 0 else model.__call__
+        # The last column as its own tensor: a slice's row stride is the growing length, and a compiled step
+        # would be recompiled for every new stride.
         outputs = forward(
             encoder_outputs=(encoder_states,),
             attention_mask=attention_mask,
-            decoder_input_ids=alive.sequences[:, -1:] if (use_cache and step > 0) else alive.sequences,
+            decoder_input_ids=alive.sequences[:, -1:].contiguous() if (use_cache and step > 0) else alive.sequences,
             decoder_attention_mask=_decoder_mask(decoder_prompt_mask, alive.sequences.shape[-1]),
             cache=cache,
             use_cache=use_cache,

@@ -114,6 +114,27 @@ def test_schedule_of_the_shipped_recipes_peaks_at_equation_3(tmp_path):
     assert png_size(plot_learning_rate_schedule(schedule, tmp_path / "big.png")) == (800, 450)
 
 
+def test_schedule_of_the_short_multi30k_recipe_warms_up_holds_and_anneals_to_zero():
+    # transformers' warmup_stable_decay as the recipe describes it: linear warmup, the peak held, a cosine to 0.
+    recipe = yaml.safe_load((REPO / "configs" / "multi30k_cpu_short.yaml").read_text())
+    peak, warmup, total = recipe["learning_rate"], recipe["warmup_steps"], recipe["max_steps"]
+    decay = recipe["lr_scheduler_kwargs"]["num_decay_steps"]
+
+    def expected(n: int) -> float:  # update n (1-based) trains with the rate after n - 1 scheduler steps
+        s = n - 1
+        if s < warmup:
+            return peak * s / warmup
+        if s < total - decay:
+            return peak
+        return peak * 0.5 * (1 + math.cos(math.pi * (s - (total - decay)) / decay))
+
+    schedule = learning_rate_schedule(REPO / "configs" / "multi30k_cpu_short.yaml")
+    assert (schedule.d_model, schedule.max_steps) == (256, total)
+    assert schedule.rates(range(1, total + 1)) == pytest.approx([expected(n) for n in range(1, total + 1)], abs=1e-15)
+    assert schedule.peak() == (warmup + 1, pytest.approx(peak))
+    assert schedule.rates([total])[0] < 1e-5 * peak  # the final weights are trained at a rate near 0
+
+
 def test_schedule_takes_the_presets_training_values_and_hf_schedules(tmp_path):
     # A Table 3 row without warmup or max_steps in the recipe: the preset's values (4000, 100k) and its d_model.
     recipe = tmp_path / "c_d256.yaml"

@@ -666,7 +666,9 @@ def test_shipped_recipes_parse(recipe, monkeypatch):
     assert data_args.source_lang or data_args.synthetic_task
     parse_config_overrides(model_args.config_overrides)
     VaswaniTransformerConfig.from_preset(model_args.preset, **parse_config_overrides(model_args.config_overrides))
-    assert training_args.lr_schedule == "paper" and training_args.adam_beta2 == 0.98
+    # The paper's schedule everywhere but the short Multi30k recipe, which anneals to 0 for a budget of updates.
+    assert training_args.lr_schedule == ("hf" if recipe == "multi30k_cpu_short.yaml" else "paper")
+    assert training_args.adam_beta2 == 0.98
 
 
 def test_learning_curve_and_schedule_plots(tmp_path):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The Multi30k CPU recipe end to end: train for a wall-clock budget, average the last checkpoints, test BLEU.
+"""The Multi30k CPU recipe end to end: train for the recipe's budget, average its last checkpoints, test BLEU.
 
     python benchmarks/multi30k_cpu_recipe.py                      # 25 minutes, configs/multi30k_cpu.yaml
     python benchmarks/multi30k_cpu_recipe.py --recipe configs/multi30k_cpu_short.yaml --output_dir runs/m30k_short
@@ -84,7 +84,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=None,
                         help="training budget (wall clock); default: the recipe's max_train_minutes (25 for "
-                             "configs/multi30k_cpu.yaml; none for configs/multi30k_cpu_short.yaml, whose budget is updates)")  # fmt: skip
+                             "configs/multi30k_cpu.yaml; none for configs/multi30k_cpu_short.yaml, whose budget is "
+                             "updates)")  # fmt: skip
     parser.add_argument("--output_dir", default="runs/multi30k_cpu")
     parser.add_argument("--recipe", default="configs/multi30k_cpu.yaml")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the machine's cores)")

@@ -77,6 +77,8 @@ def test_two_processes_see_different_batches_and_hold_identical_weights(tmp_path
     ]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    # Every parameter gets a gradient: DDP is told so instead of searching the graph each update (torch warns).
+    assert "find_unused_parameters=True" not in result.stderr
     ranks = [json.loads((out / f"probe_rank{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert r["backend"] == "gloo" and r["world_size"] == 2 and r["accumulation"] == 2
@@ -92,6 +94,45 @@ def test_two_processes_see_different_batches_and_hold_identical_weights(tmp_path
     assert state["global_step"] == 6
     summary = json.loads((out / "training_summary.json").read_text())["summary"]
     assert summary["num_processes"] == 2 and summary["target_tokens_seen"] > 0
+
+
+
+# Rank 0 alone under a 200 kB file size limit (a full disk on the machine that writes): SIGXFSZ ignored, as a shell's
+# `ulimit -f` with a trapped signal, so the write fails with EFBIG.
+RANK0_FILE_SIZE_LIMIT = textwrap.dedent(
+    """
+    import os, resource, runpy, signal, sys
+    if os.environ.get("RANK") == "0":
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+    sys.argv = [{script!r}, *sys.argv[1:]]
+    runpy.run_path({script!r}, run_name="__main__")
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_failed_checkpoint_write_on_rank_0_stops_every_process_naming_the_file(tmp_path):
+    """checkpoint-2's optimizer.pt (~283 kB) cannot be written by rank 0: the run ends (both processes, no wait for
+    a collective's timeout) with rank 0's one-line error naming the file, and the incomplete checkpoint is gone."""
+    data = write_fixture(tmp_path / "data", n_train=300)
+    out = tmp_path / "out"
+    wrapper = tmp_path / "limited.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
+    wrapper.write_text(RANK0_FILE_SIZE_LIMIT.format(script=str(script)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--num_cpu_threads_per_process", "1", "--main_process_port", str(free_port()), str(wrapper),
+        *tiny_args(data, out, "--max_steps", "6", "--save_steps", "2"),
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env)
+    assert result.returncode != 0
+    named = f"file too large (the process's file size limit) while writing {out / 'checkpoint-2' / 'optimizer.pt'}"
+    assert f"train.py: error: {named}: training stopped." in result.stderr, result.stderr[-6000:]
+    assert not (out / "checkpoint-2").exists()
 
 
 # ------------------------------------------------------------------------------------------------------------ FSDP

@@ -164,6 +164,11 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
         metadata={"help": "Label smoothing (paper: 0.1). Default: the preset's (0.0 / 0.2 for D-ls0.0 / D-ls0.2)."},
     )
     max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping norm; 0 = none (paper)."})
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "DDP: search the autograd graph for parameters without a gradient every update. Every "
+                  "parameter of this model gets one, so no search (transformers' default would search)."},
+    )
     warmup_steps: float = field(
         default=_BASE_TRAINING["warmup_steps"], metadata={"help": "Warmup updates (paper: 4000; the preset's)."}
     )

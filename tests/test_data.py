@@ -325,6 +325,11 @@ def test_collator_and_dataloader_with_token_batches(tmp_path, tokenizer):
     # a dataset without the length columns falls back to the token columns
     plain = ds["train"].remove_columns(["source_length", "target_length"])
     assert TokenBatchSampler.from_dataset(plain, max_tokens=64, seed=1).batches == sampler.batches
+    # a shuffled dataset (an indices mapping over the same Arrow table): its lengths in its own row order
+    shuffled = ds["train"].shuffle(seed=4)
+    lengths = [(len(row["input_ids"]), len(row["labels"])) for row in shuffled]
+    expected = TokenBatchSampler([s for s, _ in lengths], [t for _, t in lengths], max_tokens=64, seed=1)
+    assert TokenBatchSampler.from_dataset(shuffled, max_tokens=64, seed=1).batches == expected.batches
 
 
 @pytest.mark.slow

@@ -60,22 +60,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Two CPU processes over gloo, as `accelerate launch --multi_gpu --num_processes 2` with train.py's --use_cpu.
+TWO_CPU_PROCESSES = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                     "--dynamo_backend", "no"]  # fmt: skip
+
+
+def launch(launcher_flags: list[str], script: Path, args: list[str], timeout: int) -> subprocess.CompletedProcess:
+    """`accelerate launch <launcher_flags> script args`, one thread per process, offline, this checkout importable."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launcher_flags, "--num_cpu_threads_per_process", "1",
+           "--main_process_port", str(free_port()), str(script), *args]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
 @pytest.mark.slow
 def test_two_processes_see_different_batches_and_hold_identical_weights(tmp_path):
     data = write_fixture(tmp_path / "data", n_train=1200)
     out = tmp_path / "out"
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--num_cpu_threads_per_process", "1", "--main_process_port", str(free_port()), str(probe),
-        # 160 tokens per batch per rank x 2 ranks, 640 tokens per update -> 2 micro-batches per update
-        *tiny_args(data, out, "--max_steps", "6", "--tokens_per_update", "640", "--save_strategy", "no"),
-    ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    # 160 tokens per batch per rank x 2 ranks, 640 tokens per update -> 2 micro-batches per update
+    args = tiny_args(data, out, "--max_steps", "6", "--tokens_per_update", "640", "--save_strategy", "no")
+    result = launch(TWO_CPU_PROCESSES, probe, args, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     # Every parameter gets a gradient: DDP is told so instead of searching the graph each update (torch warns).
     assert "find_unused_parameters=True" not in result.stderr
@@ -94,7 +101,6 @@ def test_two_processes_see_different_batches_and_hold_identical_weights(tmp_path
     assert state["global_step"] == 6
     summary = json.loads((out / "training_summary.json").read_text())["summary"]
     assert summary["num_processes"] == 2 and summary["target_tokens_seen"] > 0
-
 
 
 # Rank 0 alone under a 200 kB file size limit (a full disk on the machine that writes): SIGXFSZ ignored, as a shell's
@@ -120,15 +126,8 @@ def test_a_failed_checkpoint_write_on_rank_0_stops_every_process_naming_the_file
     wrapper = tmp_path / "limited.py"
     script = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
     wrapper.write_text(RANK0_FILE_SIZE_LIMIT.format(script=str(script)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--num_cpu_threads_per_process", "1", "--main_process_port", str(free_port()), str(wrapper),
-        *tiny_args(data, out, "--max_steps", "6", "--save_steps", "2"),
-    ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env)
+    args = tiny_args(data, out, "--max_steps", "6", "--save_steps", "2")
+    result = launch(TWO_CPU_PROCESSES, wrapper, args, timeout=200)
     assert result.returncode != 0
     named = f"file too large (the process's file size limit) while writing {out / 'checkpoint-2' / 'optimizer.pt'}"
     assert f"train.py: error: {named}: training stopped." in result.stderr, result.stderr[-6000:]
@@ -170,16 +169,9 @@ def test_fsdp_config_on_cpu_runs_as_ddp_over_gloo_and_its_checkpoints_average(tm
     out = tmp_path / "out"
     probe = tmp_path / "probe.py"
     probe.write_text(FSDP_PROBE)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
     config = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "fsdp.yaml"
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-        "--num_processes", "2", "--mixed_precision", "no", "--num_cpu_threads_per_process", "1",
-        "--main_process_port", str(free_port()), str(probe),
-        *tiny_args(data, out, "--max_steps", "4", "--save_steps", "2"),
-    ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    fsdp_flags = ["--config_file", str(config), "--num_processes", "2", "--mixed_precision", "no"]
+    result = launch(fsdp_flags, probe, tiny_args(data, out, "--max_steps", "4", "--save_steps", "2"), timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     ranks = [json.loads((out / f"fsdp_probe_rank{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:

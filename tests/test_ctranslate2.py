@@ -164,6 +164,39 @@ def test_translate_lines_one_output_per_line(trained):
     assert got == [expected[0], "", "", expected[1], expected[2]]
 
 
+def test_sources_and_outputs_longer_than_the_exported_position_table(trained, tmp_path, caplog):
+    """CTranslate2 fails on a position past the exported table without naming the line; the export records the
+    table's rows, and translating cuts a longer source with a warning naming the line (refuses it with `strict`) and
+    stops decoding at the table's end: our model's output on the cut source with that many new tokens at most."""
+    from vaswani_transformer.ctranslate2_export import translate_file_ctranslate2
+
+    model, tokenizer, test_pairs, folder = trained
+    export_ctranslate2(str(folder / "model"), str(tmp_path / "ct2"), max_positions=12)
+    translator, loaded_tokenizer, defaults = load_translator(str(tmp_path / "ct2"), intra_threads=1)
+    assert defaults["max_positions"] == 12 and defaults["num_beams"] == 4
+    long_line = " ".join(s for s, _ in test_pairs[:4])
+    ids = tokenizer(long_line).input_ids
+    assert len(ids) > 12
+    lines = [test_pairs[5][0], long_line]
+    with caplog.at_level("WARNING"):
+        got = translate_lines_ctranslate2(translator, loaded_tokenizer, lines, num_beams=1, source_name="in.txt",
+                                          max_positions=defaults["max_positions"])  # fmt: skip
+    assert "in.txt:2: the source has" in caplog.text and "translating its first 12" in caplog.text
+    sources = [tokenizer(lines[0]).input_ids, ids[:11] + [tokenizer.eos_token_id]]
+    expected = [tokenizer.decode(out) for out in ours(model, tokenizer, sources, num_beams=1, max_new_tokens=12)]
+    assert got == expected
+    with pytest.raises(ValueError, match="in.txt:2: the source has"):
+        translate_lines_ctranslate2(translator, loaded_tokenizer, lines, source_name="in.txt", strict=True,
+                                    max_positions=12)  # fmt: skip
+    with pytest.raises(ValueError, match="source of .* tokens is longer than the export's position table"):
+        translate_tokens(translator, [tokenizer.convert_ids_to_tokens(ids)], max_positions=12)
+    # translate --engine ctranslate2 reads the table's size from the folder.
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert translate_file_ctranslate2(str(tmp_path / "ct2"), str(tmp_path / "in.txt"), str(tmp_path / "out.txt"),
+                                      num_beams=1) == 2  # fmt: skip
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:2] == expected
+
+
 def test_bad_input_is_a_clear_error(trained, tmp_path):
     from transformers import MarianConfig, MarianMTModel
 

@@ -42,6 +42,7 @@ except ImportError:  # pragma: no cover - the error is raised where it is needed
 logger = logging.getLogger(__name__)
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16")
 README_NAME = "README_ctranslate2.md"
+MAX_POSITIONS_KEY = "max_positions"  # the position table's rows, in the export's config.json
 _INSTALL_HINT = "CTranslate2 is not installed: pip install 'vaswani-transformer[ctranslate2]' (or ctranslate2)."
 
 
@@ -156,6 +157,8 @@ def transformer_spec_of(model: VaswaniTransformerForConditionalGeneration, token
     _linear(spec.decoder.projection, model.lm_head)
 
     spec.config.layer_norm_epsilon = model.model.encoder.layers[0].self_attn_residual.layer_norm.eps
+    # Not read by CTranslate2 (it fails on a longer input without naming it): `translate_lines_ctranslate2` reads it.
+    spec.config.add_attribute(MAX_POSITIONS_KEY, max_positions)
     ids = tokenizer.convert_ids_to_tokens
     spec.config.unk_token = tokenizer.unk_token
     spec.config.bos_token = ids(config.bos_token_id)
@@ -229,24 +232,30 @@ Or: `vaswani-translate --engine ctranslate2 --model_name_or_path path/to/this/fo
 """
 
 
-def _generation_defaults(model_dir: str) -> dict:
+def _folder_defaults(model_dir: str) -> dict:
+    """The exported generation config's fields, and `max_positions`: the position table's rows (the longest source,
+    and the most tokens decoding may generate; absent from folders exported before it was recorded)."""
+    defaults = {}
     path = os.path.join(model_dir, "generation_config.json")
-    if not os.path.exists(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            defaults = json.load(f)
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        max_positions = json.load(f).get(MAX_POSITIONS_KEY)
+    return {**defaults, **({MAX_POSITIONS_KEY: max_positions} if max_positions else {})}
 
 
 def load_translator(model_dir: str, device: str = "cpu", compute_type: str = "default", inter_threads: int = 1,
                     intra_threads: int = 0):  # fmt: skip
-    """(ctranslate2.Translator, tokenizer, generation defaults) of an exported folder."""
+    """(ctranslate2.Translator, tokenizer, defaults) of an exported folder: defaults holds its generation config's
+    fields and `max_positions` (pass it on to `translate_lines_ctranslate2`)."""
     _require_ctranslate2()
     if not os.path.exists(os.path.join(model_dir, "model.bin")):
         raise ValueError(f"{model_dir} is not a CTranslate2 model folder (no model.bin): export one first.")
     translator = ctranslate2.Translator(
         model_dir, device=device, compute_type=compute_type, inter_threads=inter_threads, intra_threads=intra_threads
     )
-    return translator, AutoTokenizer.from_pretrained(model_dir), _generation_defaults(model_dir)
+    return translator, AutoTokenizer.from_pretrained(model_dir), _folder_defaults(model_dir)
 
 
 def translate_tokens(
@@ -258,16 +267,28 @@ def translate_tokens(
     max_len_b: int = 50,
     num_hypotheses: int = 1,
     eos_token: str = "</s>",
+    max_positions: int | None = None,
 ) -> list[list[list[str]]]:
     """Hypotheses (tokens, `</s>` excluded) of each source token list, with our length rule for the whole batch.
 
     CTranslate2 takes one limit per batch: the longest sentence's `max_len_a * length + max_len_b`, as our
-    `generate` does in transformers' own decoding. `</s>` is counted in |Y| (`return_end_token`), as transformers
-    counts it; and it may come first (`min_decoding_length=0`).
+    `generate` does in transformers' own decoding, at most `max_positions` (the exported position table's rows, as
+    our `generate` caps learned positions), with a warning where that cap binds. `</s>` is counted in |Y|
+    (`return_end_token`), as transformers counts it; and it may come first (`min_decoding_length=0`). A source
+    longer than `max_positions` is a ValueError naming its length (`translate_lines_ctranslate2` truncates first).
     """
     if not sources:
         return []
-    limit = int(max(len(s) for s in sources) * (max_len_a or 0) + max_len_b)
+    longest = max(len(s) for s in sources)
+    limit = int(longest * (max_len_a or 0) + max_len_b)
+    if max_positions is not None:
+        if longest > max_positions:
+            raise ValueError(f"A source of {longest} tokens is longer than the export's position table "
+                             f"({max_positions} positions): truncate it, or export with a larger --max_positions.")
+        if limit > max_positions:
+            logger.warning("Decoding limited to %d tokens (the export's position table) instead of %d.",
+                           max_positions, limit)  # fmt: skip
+            limit = max_positions
     results = translator.translate_batch(
         [list(s) for s in sources],
         beam_size=num_beams,
@@ -294,10 +315,15 @@ def translate_lines_ctranslate2(
     max_source_length: int | None = None,
     strict: bool = False,
     source_name: str = "line",
+    max_positions: int | None = None,
 ) -> list[str]:
     """One translation per line, as `translate.translate_lines` does with our model: an empty or whitespace-only line
     gives "", batches of at most `max_tokens` source tokens (padding included), longer sources cut to
-    `max_source_length` tokens (keeping `</s>`) with a warning naming the line, or refused with `strict`."""
+    `max_source_length` tokens (keeping `</s>`) with a warning naming the line, or refused with `strict`.
+    `max_positions` (`load_translator`'s defaults) is the export's position table: a lower source limit, and the
+    most tokens decoding may generate (as learned positions limit our own `translate_lines`)."""
+    if max_positions is not None:
+        max_source_length = min(max_source_length or max_positions, max_positions)
     lines = list(lines)
     outputs = [""] * len(lines)
     todo = [i for i, line in enumerate(lines) if line.strip()]
@@ -314,7 +340,7 @@ def translate_lines_ctranslate2(
     for batch in TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches:
         sources = [tokenizer.convert_ids_to_tokens(encoded[j]) for j in batch]
         hypotheses = translate_tokens(translator, sources, num_beams, length_penalty, max_len_a, max_len_b,
-                                      eos_token=tokenizer.eos_token)  # fmt: skip
+                                      eos_token=tokenizer.eos_token, max_positions=max_positions)  # fmt: skip
         for j, hyps in zip(batch, hypotheses):
             outputs[todo[j]] = tokenizer.decode(tokenizer.convert_tokens_to_ids(hyps[0]), skip_special_tokens=True)
     return outputs
@@ -330,7 +356,7 @@ def translate_file_ctranslate2(
     """`translate --engine ctranslate2`: translate a file (or stdin) line for line with an exported folder; decoding
     defaults from the folder's generation config; returns the number of lines written (= read)."""
     translator, tokenizer, defaults = load_translator(model_dir, device=device or "cpu")
-    for name in ("num_beams", "length_penalty", "max_len_a", "max_len_b"):
+    for name in ("num_beams", "length_penalty", "max_len_a", "max_len_b", MAX_POSITIONS_KEY):
         if kwargs.get(name) is None and defaults.get(name) is not None:
             kwargs[name] = defaults[name]
     kwargs = {k: v for k, v in kwargs.items() if v is not None}

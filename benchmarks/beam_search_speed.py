@@ -21,6 +21,10 @@ sentences, e.g. test_2016_flickr.en) the weights and sources are real, and "natu
 `--compiled` adds ours with a static cache and a compiled decoding step (the batch stays whole: no finished
 sentence leaves it).
 
+`--split` adds a table of where the time of the fixed-length decoding goes, per step, for ours and MarianMTModel
+(forward hooks, wall time): the output layer, the other linear layers, the rest of the model's forward pass, and the
+search around it. The linear layers read every weight once per step; they are the floor of any exact float32 decoder.
+
 Target: ours >= 1.5x MarianMT's sentences/second.
 
     python benchmarks/beam_search_speed.py --batch-size 32 --repeats 3 --threads 1
@@ -121,6 +125,40 @@ def timed(runs: dict, inputs, repeats: int) -> dict:
     return best
 
 
+def time_split(model, run, inputs, steps: int, repeats: int) -> dict:
+    """Milliseconds per decoding step in the output layer, the other linear layers, the rest of the forward pass and
+    the rest of `generate`, from forward hooks on `model` (mean of `repeats` calls of `run`, after one warm-up)."""
+    spent = dict.fromkeys(("output layer", "other linear layers", "forward", "generate"), 0.0)
+    starts, handles = {}, []
+    output_layer = model.get_output_embeddings()
+
+    def timer(module, name):
+        handles.append(module.register_forward_pre_hook(lambda *_: starts.__setitem__(id(module), time.perf_counter())))
+        handles.append(module.register_forward_hook(
+            lambda *_: spent.__setitem__(name, spent[name] + time.perf_counter() - starts[id(module)])
+        ))  # fmt: skip
+
+    timer(model, "forward")
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            timer(module, "output layer" if module is output_layer else "other linear layers")
+    run(**inputs)
+    spent.update(dict.fromkeys(spent, 0.0))
+    started = time.perf_counter()
+    for _ in range(repeats):
+        run(**inputs)
+    spent["generate"] = time.perf_counter() - started
+    for handle in handles:
+        handle.remove()
+    linear = spent["output layer"] + spent["other linear layers"]
+    per_step = {
+        "output layer": spent["output layer"], "other linear layers": spent["other linear layers"],
+        "rest of the forward pass": spent["forward"] - linear, "search and the rest of generate": spent["generate"] -
+        spent["forward"], "total": spent["generate"],
+    }  # fmt: skip
+    return {name: 1000 * value / (repeats * steps) for name, value in per_step.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -137,6 +175,8 @@ def main():
     parser.add_argument("--compiled", action="store_true",
                         help="add a row: ours with a static cache and the decoding step compiled (torch.compile, "
                              "inductor; the warm-up call compiles, not timed)")  # fmt: skip
+    parser.add_argument("--split", action="store_true",
+                        help="add a table of where the time of a fixed-length decoding step goes (ours, MarianMT)")
     args = parser.parse_args()
     if (args.model is None) != (args.sources is None):
         parser.error("--model and --sources go together")
@@ -207,6 +247,23 @@ def main():
         baseline = seconds["MarianMTModel, early_stopping=True"]
         for name, s in seconds.items():
             rows.append([scenario, name, f"{s:.3f}", f"{args.batch_size / s:.1f}", f"{baseline / s:.2f}x"])
+    print_table(header, rows)
+    if args.split:
+        fixed = dict(num_beams=args.num_beams, length_penalty=0.6, **scenarios["fixed"])
+        split = {
+            "ours, paper beam search": time_split(ours, lambda **x: ours.generate(**x, **fixed), inputs,
+                                                  args.new_tokens, args.repeats),
+            "MarianMTModel, early_stopping=True": time_split(marian, lambda **x: marian.generate(
+                **x, **fixed, early_stopping=True), inputs, args.new_tokens, args.repeats),
+        }  # fmt: skip
+        print(f"\nfixed: ms per decoding step ({args.new_tokens} steps, forward hooks, wall time, mean of "
+              f"{args.repeats})")
+        parts = list(next(iter(split.values())))
+        print_table(["decoder", *parts], [[name, *(f"{times[part]:.2f}" for part in parts)]
+                                          for name, times in split.items()])  # fmt: skip
+
+
+def print_table(header: list, rows: list):
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, ["-" * w for w in widths], *rows]:
         print(" | ".join(str(cell).ljust(width) for cell, width in zip(row, widths)))

@@ -9,7 +9,10 @@ Issue 15, section 1 (a) and (b). Rows, each timed in its own process (models alt
   output layer) on the *same* batches, transformers' `LabelSmoother` (what `Seq2SeqTrainer` uses for label smoothing
   0.1), fused Adam, the same kernel per precision (the faster one for Marian too: training_step_speed.py);
 * marian, standard recipe: the same, on random batches of 64 sentences (run_translation.py's
-  `per_device_train_batch_size 64`), so padded to the longest of 64 random sentences.
+  `per_device_train_batch_size 64`), so padded to the longest of 64 random sentences;
+* with `--bf16-model`, ours as a bf16 model with float32 master weights (issue 15's "keep bf16 compute weights
+  between steps"): weights and activations bf16 throughout, no autocast; the gradients are copied to float32 masters
+  that fused Adam updates, and the updated weights copied back.
 
 Real target tokens/s counts non-padding target tokens. Model FLOPs are `flops.training_flops` of each batch's real
 target tokens at its mean real lengths; MFU divides their rate by a matrix-product peak measured in this run.
@@ -107,9 +110,13 @@ def child(args) -> None:
     batches = torch.load(Path(args.batches_dir) / f"{batches_name}.pt")
     config = model_config(args.preset, json.loads(args.tokenizer_fields))
     bf16 = precision == "bf16"
-    attention = attention_for(bf16)
+    attention = attention_for(bf16 or precision == "bf16-model")
     model = build(kind, config, attention).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    masters = None
+    if precision == "bf16-model":
+        model = model.to(torch.bfloat16)
+        masters = [p.detach().float() for p in model.parameters()]
+    optimizer = torch.optim.Adam(masters or model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     smoother = LabelSmoother(epsilon=0.1)
     seconds, tokens, flops = 0.0, 0, 0.0
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if args.profile else None
@@ -131,8 +138,14 @@ def child(args) -> None:
         else:
             loss = smoother({"logits": logits}, labels)
         loss.backward()
+        if masters is not None:  # float32 master weights: their gradients in, the updated weights out
+            for master, parameter in zip(masters, model.parameters()):
+                master.grad, parameter.grad = parameter.grad.float(), None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if masters is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(list(model.parameters()), masters)
         if step >= args.warmup:  # warm-up steps are not timed
             seconds += time.perf_counter() - start
             target_tokens = int(real.sum())
@@ -210,6 +223,8 @@ def main():
     parser.add_argument("--cache-dir", default=str(REPO / "runs" / "benchmark_cache"))
     parser.add_argument("--profile", action="store_true",
                         help="also profile one more run of each token-batch row and print where the time goes")
+    parser.add_argument("--bf16-model", action="store_true",
+                        help="with bf16: also ours as a bf16 model with float32 master weights (no autocast)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--batches-dir", help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer-fields", help=argparse.SUPPRESS)
@@ -234,11 +249,12 @@ def main():
               + ", ".join(f"{p} {peak[p] / 1e9:.0f} GFLOP/s" for p in precisions))
         settings = [("marian", "token"), ("ours", "token"), ("marian", "sentences64")]
         results: dict[tuple, list[dict]] = {}
+        keys = [(kind, batches, precision) for precision in precisions for kind, batches in settings]
+        if args.bf16_model and with_bf16:
+            keys.append(("ours", "token", "bf16-model"))
         for _ in range(args.rounds):
-            for precision in precisions:
-                for kind, batches in settings:
-                    key = (kind, batches, precision)
-                    results.setdefault(key, []).append(run_child(args, folder, tokenizer_fields, ",".join(key)))
+            for key in keys:
+                results.setdefault(key, []).append(run_child(args, folder, tokenizer_fields, ",".join(key)))
         profiles = {}  # a separate run: the profiler's own cost stays out of the timings above
         if args.profile:
             for precision in precisions:
@@ -248,13 +264,16 @@ def main():
     print("| model | batches | precision | attention | ms / update | real target tokens / s | ours vs this row "
           "| GFLOP/s | MFU | peak RSS MiB |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    names = {"fp32": "fp32", "bf16": "bf16 autocast", "bf16-model": "bf16 model, fp32 master weights"}
     for precision in precisions:
-        median = {key[:2]: results_median(results, key) for key in results if key[2] == precision}
-        ours = median[("ours", "token")]["tok_s"]
-        for kind, batches in settings:
-            row = median[(kind, batches)]
+        ours = results_median(results, ("ours", "token", precision))["tok_s"]
+        rows = [(kind, batches, precision) for kind, batches in settings]
+        if precision == "bf16" and ("ours", "token", "bf16-model") in results:
+            rows.append(("ours", "token", "bf16-model"))
+        for kind, batches, variant in rows:
+            row = results_median(results, (kind, batches, variant))
             label = "token batches" if batches == "token" else "64 random sentences"
-            print(f"| {kind} | {label} | {'bf16 autocast' if precision == 'bf16' else 'fp32'} | {row['attention']} "
+            print(f"| {kind} | {label} | {names[variant]} | {row['attention']} "
                   f"| {row['ms']:.0f} | {row['tok_s']:,.0f} | {ours / row['tok_s']:.2f}x | {row['flop_s'] / 1e9:.0f} "
                   f"| {model_flops_utilization(row['flop_s'], 1.0, peak[precision]):.0%} | {row['rss']:,.0f} |")
     recipe = "bf16" if "bf16" in precisions else "fp32"  # how the CPU recipe trains here (bf16_where_native)

@@ -1,5 +1,8 @@
 """Beam search speed: our `generate` (the paper's beam search) vs MarianMTModel's (transformers' beam search).
 
+Runs on `--device` (default: a CUDA GPU when one is present, else the CPU), named in the header. Each decoder's
+time is its best of `--repeats`: this process's CPU time on a CPU, synchronised wall time on a GPU.
+
 MarianMTModel gets exactly our random weights (`marian_with_the_same_weights`: same post-LN layers, ReLU, scaled
 shared embeddings, the hidden dimension permuted for Marian's sines-then-cosines layout; checked on logits), so the
 two compute the same function: d_model 256, 3 + 3 layers, 4 heads, d_ff 1024, shared vocabulary of 8000. They
@@ -24,6 +27,7 @@ sentence leaves it).
 `--split` adds a table of where the time of the fixed-length decoding goes, per step, for ours and MarianMTModel
 (forward hooks, wall time): the output layer, the other linear layers, the rest of the model's forward pass, and the
 search around it. The linear layers read every weight once per step; they are the floor of any exact float32 decoder.
+On a GPU every hook synchronises (else it would time the launch, not the work), which slows the decoding down.
 
 Target: ours >= 1.5x MarianMT's sentences/second.
 
@@ -36,6 +40,7 @@ import argparse
 import time
 
 import torch
+from device import add_device_argument, check_device, describe, now
 from transformers import AutoTokenizer, CompileConfig, MarianConfig, MarianMTModel
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
@@ -111,31 +116,34 @@ def marian_with_the_same_weights(ours: VaswaniTransformerForConditionalGeneratio
     return marian
 
 
-def timed(runs: dict, inputs, repeats: int) -> dict:
-    """Best CPU time of each run (this process's, so other processes' load barely counts; with --threads 1 it is
-    the wall time of a quiet machine). The runs take turns, so that what load remains hits all of them alike."""
+def timed(runs: dict, inputs, repeats: int, device: torch.device) -> dict:
+    """Best time of each run. On a CPU this process's CPU time (other processes' load barely counts; with --threads 1
+    it is the wall time of a quiet machine); on a GPU, whose work is asynchronous, wall time after synchronising. The
+    runs take turns, so that what load remains hits all of them alike."""
+    clock = time.process_time if device.type == "cpu" else lambda: now(device)
     for run in runs.values():
         run(**inputs)  # warm-up
     best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeats):
         for name, run in runs.items():
-            started = time.process_time()
+            started = clock()
             run(**inputs)
-            best[name] = min(best[name], time.process_time() - started)
+            best[name] = min(best[name], clock() - started)
     return best
 
 
-def time_split(model, run, inputs, steps: int, repeats: int) -> dict:
+def time_split(model, run, inputs, steps: int, repeats: int, device: torch.device) -> dict:
     """Milliseconds per decoding step in the output layer, the other linear layers, the rest of the forward pass and
-    the rest of `generate`, from forward hooks on `model` (mean of `repeats` calls of `run`, after one warm-up)."""
+    the rest of `generate`, from forward hooks on `model` (mean of `repeats` calls of `run`, after one warm-up; on a
+    GPU every hook synchronises)."""
     spent = dict.fromkeys(("output layer", "other linear layers", "forward", "generate"), 0.0)
     starts, handles = {}, []
     output_layer = model.get_output_embeddings()
 
     def timer(module, name):
-        handles.append(module.register_forward_pre_hook(lambda *_: starts.__setitem__(id(module), time.perf_counter())))
+        handles.append(module.register_forward_pre_hook(lambda *_: starts.__setitem__(id(module), now(device))))
         handles.append(module.register_forward_hook(
-            lambda *_: spent.__setitem__(name, spent[name] + time.perf_counter() - starts[id(module)])
+            lambda *_: spent.__setitem__(name, spent[name] + now(device) - starts[id(module)])
         ))  # fmt: skip
 
     timer(model, "forward")
@@ -144,10 +152,10 @@ def time_split(model, run, inputs, steps: int, repeats: int) -> dict:
             timer(module, "output layer" if module is output_layer else "other linear layers")
     run(**inputs)
     spent.update(dict.fromkeys(spent, 0.0))
-    started = time.perf_counter()
+    started = now(device)
     for _ in range(repeats):
         run(**inputs)
-    spent["generate"] = time.perf_counter() - started
+    spent["generate"] = now(device) - started
     for handle in handles:
         handle.remove()
     linear = spent["output layer"] + spent["other linear layers"]
@@ -177,9 +185,11 @@ def main():
                              "inductor; the warm-up call compiles, not timed)")  # fmt: skip
     parser.add_argument("--split", action="store_true",
                         help="add a table of where the time of a fixed-length decoding step goes (ours, MarianMT)")
+    add_device_argument(parser)
     args = parser.parse_args()
     if (args.model is None) != (args.sources is None):
         parser.error("--model and --sources go together")
+    device = check_device(args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
@@ -200,22 +210,26 @@ def main():
         with torch.no_grad():  # make </s> likelier, so that hypotheses end at various lengths
             eos = ours.lm_head.weight[2]
             ours.model.decoder.layers[-1].feed_forward_residual.layer_norm.bias.copy_(args.eos_bias * eos / eos.norm())
-    marian = marian_with_the_same_weights(ours)
+    marian = marian_with_the_same_weights(ours)  # built and checked on the CPU, then moved
+    ours, marian = ours.to(device), marian.to(device)
+    inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
     longest = int(inputs["attention_mask"].sum(-1).max())
     scenarios = {
         "fixed": dict(max_new_tokens=args.new_tokens, suppress_tokens=[2]),
         "natural": {},
     }
     what = f"sources from {args.sources}, model {args.model}" if args.model else f"sources ~{args.source_length} tokens"
+    clock = "CPU time" if device.type == "cpu" else "wall time, synchronised"
     print(
-        f"# batch {args.batch_size}, "
+        f"# {describe(device)}\n# batch {args.batch_size}, "
         f"{what}, beam {args.num_beams}, vocab "
-        f"{args.vocab_size}, {args.threads} thread(s), best of {args.repeats}; fixed: {args.new_tokens} steps, "
-        f"natural: eos bias {args.eos_bias}\n"
+        f"{args.vocab_size}, {args.threads} thread(s), best {clock} of {args.repeats}; fixed: {args.new_tokens} "
+        f"steps, natural: eos bias {args.eos_bias}\n"
     )
     compile_config = CompileConfig(fullgraph=True, dynamic=False)  # transformers' defaults otherwise
     compile_config._compile_all_devices = True  # transformers compiles on CPUs only when asked to
-    header = ["scenario", "decoder", "CPU seconds", "sentences/CPU s", "vs MarianMT (True)"]
+    units = ["CPU seconds", "sentences/CPU s"] if device.type == "cpu" else ["seconds", "sentences/s"]
+    header = ["scenario", "decoder", *units, "vs MarianMT (True)"]
     rows = []
     for scenario, settings in scenarios.items():
         common = dict(num_beams=args.num_beams, length_penalty=0.6, **settings)
@@ -236,7 +250,7 @@ def main():
                 **x, **common, **hf_length, early_stopping="never"
             ),
         }
-        seconds = timed(runs, inputs, args.repeats)
+        seconds = timed(runs, inputs, args.repeats, device)
         # Same weights, same loop: the comparison is of like with like.
         ours_hf, marian_hf = runs["ours, transformers' beam search"], runs["MarianMTModel, early_stopping=True"]
         same = torch.equal(ours_hf(**inputs), marian_hf(**inputs))
@@ -252,12 +266,13 @@ def main():
         fixed = dict(num_beams=args.num_beams, length_penalty=0.6, **scenarios["fixed"])
         split = {
             "ours, paper beam search": time_split(ours, lambda **x: ours.generate(**x, **fixed), inputs,
-                                                  args.new_tokens, args.repeats),
+                                                  args.new_tokens, args.repeats, device),
             "MarianMTModel, early_stopping=True": time_split(marian, lambda **x: marian.generate(
-                **x, **fixed, early_stopping=True), inputs, args.new_tokens, args.repeats),
+                **x, **fixed, early_stopping=True), inputs, args.new_tokens, args.repeats, device),
         }  # fmt: skip
-        print(f"\nfixed: ms per decoding step ({args.new_tokens} steps, forward hooks, wall time, mean of "
-              f"{args.repeats})")
+        synchronised = "" if device.type == "cpu" else ", synchronised in every hook: slower than running unhooked"
+        print(f"\nfixed: ms per decoding step ({args.new_tokens} steps, forward hooks, wall time{synchronised}, "
+              f"mean of {args.repeats})")
         parts = list(next(iter(split.values())))
         print_table(["decoder", *parts], [[name, *(f"{times[part]:.2f}" for part in parts)]
                                           for name, times in split.items()])  # fmt: skip

@@ -4,8 +4,11 @@ One random model of the size of the OPUS-MT Marian models that CTranslate2 serve
 heads, d_ff 2048, a shared vocabulary of --vocab-size), given to MarianMTModel with the same weights
 (`beam_search_speed.marian_with_the_same_weights`) and exported with `vaswani-export-ctranslate2` (float32 and
 int8). Every decoder translates the same batch of random sources (~20 tokens) with beam 4 and length penalty 0.6,
-exactly --new-tokens output tokens per sentence (</s> suppressed), with 1 and 2 threads. Wall-clock sentences/s,
-best of --repeats.
+exactly --new-tokens output tokens per sentence (</s> suppressed). Wall-clock sentences/s, best of --repeats.
+
+Runs on `--device` (default: a CUDA GPU when one is present, else the CPU), named in the header. On a CPU with 1 and
+2 threads (`--threads`); on a GPU with the first `--threads` only (threads barely matter there), the clock read after
+synchronising, and CTranslate2 also in float16 (the float32 export) and int8_float16 (the int8 export).
 
 Target (issue 17): CTranslate2 int8 >= 2x MarianMT's `generate` (float32 was ~1.1x in CTranslate2's own Marian
 conversion on a 2-core CPU).
@@ -16,10 +19,10 @@ conversion on a 2-core CPU).
 import argparse
 import os
 import tempfile
-import time
 
 import torch
 from beam_search_speed import marian_with_the_same_weights, sources
+from device import add_device_argument, check_device, describe, now
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
@@ -34,13 +37,13 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
                                    pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>")  # fmt: skip
 
 
-def best_wall_time(run, repeats: int) -> float:
+def best_wall_time(run, repeats: int, device: torch.device) -> float:
     run()  # warm-up
     best = float("inf")
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = now(device)
         run()
-        best = min(best, time.perf_counter() - started)
+        best = min(best, now(device) - started)
     return best
 
 
@@ -56,7 +59,11 @@ def main():
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    add_device_argument(parser)
     args = parser.parse_args()
+    device = check_device(args.device)
+    if device.index:  # load_translator takes a device type, not an index
+        parser.error("CTranslate2 runs on the first GPU: pick another one with CUDA_VISIBLE_DEVICES")
     torch.manual_seed(args.seed)
     config = VaswaniTransformerConfig(vocab_size=args.vocab_size, d_model=args.d_model, encoder_layers=args.layers,
                                       decoder_layers=args.layers, num_heads=8, d_ff=4 * args.d_model, dropout=0.0)
@@ -66,17 +73,25 @@ def main():
     tokenizer = word_tokenizer(args.vocab_size)
     token_batch = [tokenizer.convert_ids_to_tokens([i for i in row if i]) for row in inputs["input_ids"].tolist()]
     steps = dict(num_beams=args.num_beams, length_penalty=0.6, max_new_tokens=args.new_tokens, suppress_tokens=[2])
+    # CTranslate2 rows: compute type -> the export it loads.
+    compute_types = {"float32": "float32", "int8": "int8"}
+    if device.type == "cuda":
+        compute_types.update(float16="float32", int8_float16="int8")
 
     with tempfile.TemporaryDirectory() as folder:
         ours.save_pretrained(os.path.join(folder, "model"))
         tokenizer.save_pretrained(os.path.join(folder, "model"))
         for quantization in ("float32", "int8"):
             export_ctranslate2(os.path.join(folder, "model"), os.path.join(folder, quantization), quantization)
-        print(f"# d_model {args.d_model}, {args.layers}+{args.layers} layers, vocab {args.vocab_size}; batch "
-              f"{args.batch_size}, sources ~{args.source_length} tokens, beam {args.num_beams}, {args.new_tokens} "
-              f"output tokens; wall clock, best of {args.repeats}\n")  # fmt: skip
+        ours, marian = ours.to(device), marian.to(device)  # saved and exported from the CPU
+        inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
+        synchronised = ", synchronised" if device.type == "cuda" else ""
+        print(f"# {describe(device)}\n# d_model {args.d_model}, {args.layers}+{args.layers} layers, vocab "
+              f"{args.vocab_size}; batch {args.batch_size}, sources ~{args.source_length} tokens, beam "
+              f"{args.num_beams}, {args.new_tokens} output tokens; wall clock{synchronised}, best of "
+              f"{args.repeats}\n")  # fmt: skip
         print("| threads | decoder | seconds | sentences/s | vs MarianMT |\n| --- | --- | --- | --- | --- |")
-        for threads in args.threads:
+        for threads in args.threads if device.type == "cpu" else args.threads[:1]:
             torch.set_num_threads(threads)
             runs = {
                 "MarianMTModel.generate (transformers' beam search)": lambda: marian.generate(**inputs, **steps),
@@ -85,14 +100,15 @@ def main():
                     **inputs, **steps, length_penalty_type="transformers"
                 ),
             }
-            for quantization in ("float32", "int8"):
-                translator, _, _ = load_translator(os.path.join(folder, quantization), intra_threads=threads)
-                runs[f"CTranslate2 {quantization}"] = lambda translator=translator: translator.translate_batch(
+            for compute_type, export in compute_types.items():
+                translator, _, _ = load_translator(os.path.join(folder, export), device=device.type,
+                                                   compute_type=compute_type, intra_threads=threads)  # fmt: skip
+                runs[f"CTranslate2 {compute_type}"] = lambda translator=translator: translator.translate_batch(
                     token_batch, beam_size=args.num_beams, length_penalty=0.6, max_decoding_length=args.new_tokens,
                     min_decoding_length=args.new_tokens,
                 )
             with torch.no_grad():
-                seconds = {name: best_wall_time(run, args.repeats) for name, run in runs.items()}
+                seconds = {name: best_wall_time(run, args.repeats, device) for name, run in runs.items()}
             baseline = seconds["MarianMTModel.generate (transformers' beam search)"]
             for name, value in seconds.items():
                 print(f"| {threads} | {name} | {value:.2f} | {args.batch_size / value:.1f} | {baseline / value:.2f}x |")

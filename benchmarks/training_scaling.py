@@ -10,10 +10,11 @@ One training step is forward + backward + Adam update (label-smoothed cross-entr
     the rising time per token shows the attention part. The model-FLOPs column (`flops.model_flops_per_target_token`
     at that length) is what the count predicts, relative to the first row.
 
-fp32 by default; `--bf16` adds the same rows under bf16 autocast (worth it only where the CPU has native bf16:
-AVX512_BF16 or AMX; `torch.backends.cpu.get_cpu_capability()` is printed). One process, warm-up steps before each
-row, the median of the timed steps, freed memory kept in the process as `scripts/train.py` does on a CPU. A PNG with
-the two panels is written to `--output`.
+Runs on `--device` (default: a CUDA GPU when one is present, else the CPU), named in the header and the figure's
+title. fp32 by default; `--bf16` adds the same rows under bf16 autocast (worth it only where the device has native
+bf16: a CPU with AVX512_BF16 or AMX, a GPU from Ampere on; a note is printed where it has not). One process, warm-up
+steps before each row, the median of the timed steps; on a CPU freed memory is kept in the process as
+`scripts/train.py` does. A PNG with the two panels is written to `--output`.
 
     python benchmarks/training_scaling.py --threads 2 --output training_scaling.png
 """
@@ -22,15 +23,15 @@ import argparse
 import datetime
 import os
 import statistics
-import time
 
 import numpy as np
 import torch
+from device import add_device_argument, check_device, describe, now, peak_matmul_size
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.flops import measure_matmul_peak, model_flops_per_target_token, model_flops_utilization
 from vaswani_transformer.modeling_vaswani_transformer import shift_tokens_right
-from vaswani_transformer.trainer import keep_freed_cpu_memory
+from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory
 
 
 def integers(text: str) -> list[int]:
@@ -41,19 +42,21 @@ def integers(text: str) -> list[int]:
     return values
 
 
-def make_batch(sentences: int, length: int, vocab: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """`sentences` random source/target pairs of `length` tokens each (no padding)."""
+def make_batch(sentences: int, length: int, vocab: int, generator: torch.Generator,
+               device: torch.device) -> dict[str, torch.Tensor]:  # fmt: skip
+    """`sentences` random source/target pairs of `length` tokens each (no padding), on `device`."""
     source = torch.randint(4, vocab, (sentences, length), generator=generator)
     labels = torch.randint(4, vocab, (sentences, length), generator=generator)
-    return {"input_ids": source, "labels": labels, "decoder_input_ids": shift_tokens_right(labels, 0, 1)}
+    batch = {"input_ids": source, "labels": labels, "decoder_input_ids": shift_tokens_right(labels, 0, 1)}
+    return {name: tensor.to(device) for name, tensor in batch.items()}
 
 
-def step_seconds(model, optimizer, batch, warmup: int, steps: int, bf16: bool) -> float:
+def step_seconds(model, optimizer, batch, warmup: int, steps: int, bf16: bool, device: torch.device) -> float:
     """Median seconds of `steps` training steps on `batch`, after `warmup` untimed ones."""
     timings = []
     for step in range(warmup + steps):
-        start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        start = now(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(input_ids=batch["input_ids"], decoder_input_ids=batch["decoder_input_ids"]).logits
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),
                                                  label_smoothing=0.1)  # fmt: skip
@@ -61,7 +64,7 @@ def step_seconds(model, optimizer, batch, warmup: int, steps: int, bf16: bool) -
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step >= warmup:
-            timings.append(time.perf_counter() - start)
+            timings.append(now(device) - start)
     return statistics.median(timings)
 
 
@@ -129,40 +132,47 @@ def main():
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before each row (default 2)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per row, median reported (default 5)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    add_device_argument(parser)
     parser.add_argument("--bf16", action="store_true", help="also run every row under bf16 autocast")
     parser.add_argument("--peak-seconds", type=float, default=2.0,
-                        help="seconds of 2048 x 2048 matrix products per precision for the measured peak (default 2)")
+                        help="seconds of square matrix products (2048 on a CPU, 8192 on a GPU) per precision "
+                             "for the measured peak (default 2)")  # fmt: skip
     parser.add_argument("--output", default="training_scaling.png",
                         help="PNG to write (default: training_scaling.png in the current folder)")
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.batch_tokens < max(args.lengths):
         parser.error("need --steps >= 1, --warmup >= 0 and --batch-tokens >= the longest of --lengths")
     torch.set_num_threads(args.threads)
-    kept = keep_freed_cpu_memory()
+    device = check_device(args.device)
+    # glibc's malloc setting of train.py on a CPU; a GPU's tensors live in PyTorch's CUDA caching allocator
+    memory = f"freed memory kept: {keep_freed_cpu_memory()}" if device.type == "cpu" else "CUDA caching allocator"
 
     config = VaswaniTransformerConfig(vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers,
                                       decoder_layers=args.layers, num_heads=args.heads, d_ff=args.d_ff)  # fmt: skip
     config._attn_implementation = args.attn_implementation
-    capability = torch.backends.cpu.get_cpu_capability()
     precisions = ["fp32"] + (["bf16"] if args.bf16 else [])
-    peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16", 2048, args.peak_seconds)
+    size = peak_matmul_size(device)
+    peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16", size, args.peak_seconds, str(device))
             for p in precisions}  # fmt: skip
+    cores = f", {os.cpu_count()} cores" if device.type == "cpu" else ""
     title = (f"d_model {args.d_model}, {args.layers}+{args.layers} layers, h {args.heads}, d_ff {args.d_ff}, "
-             f"vocab {args.vocab}, {args.attn_implementation}; torch {torch.__version__}, {args.threads} threads, "
-             f"CPU {capability}, {os.cpu_count()} cores; {datetime.date.today()}")  # fmt: skip
-    print(title + f"; freed memory kept: {kept}")
-    print("measured 2048^3 matmul peak: " + ", ".join(f"{p} {peak[p] / 1e9:.0f} GFLOP/s" for p in precisions))
+             f"vocab {args.vocab}, {args.attn_implementation}; {describe(device)}{cores}; "
+             f"{datetime.date.today()}")  # fmt: skip
+    print(f"{title}; {memory}")
+    if args.bf16 and not has_native_bf16(device.type):
+        print("note: bf16 is emulated on this device, slower than fp32")
+    print(f"measured {size}^3 matmul peak: " + ", ".join(f"{p} {peak[p] / 1e9:.0f} GFLOP/s" for p in precisions))
 
     generator = torch.Generator().manual_seed(0)
     sweeps = {}
     for precision in precisions:
         torch.manual_seed(0)
-        model = VaswaniTransformerForConditionalGeneration(config).train()
+        model = VaswaniTransformerForConditionalGeneration(config).to(device).train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
         def row(sentences: int, length: int) -> dict:
-            batch = make_batch(sentences, length, args.vocab, generator)
-            seconds = step_seconds(model, optimizer, batch, args.warmup, args.steps, precision == "bf16")
+            batch = make_batch(sentences, length, args.vocab, generator, device)
+            seconds = step_seconds(model, optimizer, batch, args.warmup, args.steps, precision == "bf16", device)
             tokens = sentences * length
             per_token = model_flops_per_target_token(config, length, length)
             return {"sentences": sentences, "length": length, "tokens": tokens, "seconds": seconds,

@@ -1,18 +1,20 @@
 """Training-step speed: our model vs HF MarianMTModel at the same configuration.
 
-Both models get the same random batch (sources and targets of the given lengths, no padding), the same
-optimizer (Adam) and the same loss (label-smoothed cross-entropy 0.1 computed from the logits, as Seq2SeqTrainer
-does); we time forward + backward + optimizer step, in fp32 and (where the CPU has native bf16) under bf16 autocast,
-with each model's default attention (SDPA) and with eager attention: PyTorch's CPU SDPA backward is several times
-slower in bf16 than in fp32, so on a CPU bf16 pays only with eager attention (`--attn_implementation eager`).
-Each setting runs first with glibc's default allocator, then with freed memory kept in the process, as
-`scripts/train.py` does on a CPU (`keep_freed_cpu_memory`).
+Runs on `--device` (default: a CUDA GPU when one is present, else the CPU), named in the header. Both models get
+the same random batch (sources and targets of the given lengths, no padding), the same optimizer (Adam) and the same
+loss (label-smoothed cross-entropy 0.1 computed from the logits, as Seq2SeqTrainer does); we time forward + backward +
+optimizer step, in fp32 and (where the device has native bf16) under bf16 autocast, with each model's default
+attention (SDPA) and with eager attention: PyTorch's CPU SDPA backward is several times slower in bf16 than in fp32,
+so on a CPU bf16 pays only with eager attention (`--attn_implementation eager`). On a CPU each setting runs first with
+glibc's default allocator, then with freed memory kept in the process, as `scripts/train.py` does on a CPU
+(`keep_freed_cpu_memory`); on a GPU once, with PyTorch's CUDA caching allocator.
 
 Model FLOPs per step are `vaswani_transformer.flops.model_flops_per_target_token` of the configuration at the batch's
 lengths x its target tokens (the same count for both models: the same configuration); MFU divides the achieved model
 FLOP/s by the matrix-product peak of the precision used (bf16 autocast: the bf16 peak), measured in the same run with
-the same torch threads (`measure_matmul_peak`). Each (setting, model) runs in its own child process, in the same
-alternating order (Marian, ours, Marian, ours...), so that its peak RSS (`resource.getrusage`) is its own.
+the same torch threads (`measure_matmul_peak`) on the same device. Each (setting, model) runs in its own child
+process, in the same alternating order (Marian, ours, Marian, ours...), so that its peak memory is its own: peak RSS
+(`resource.getrusage`) on a CPU, PyTorch's peak of allocated GPU memory on a GPU.
 
     python benchmarks/training_step_speed.py --d-model 256 --layers 3 --heads 4 --d-ff 1024 --vocab 8000
 """
@@ -22,9 +24,10 @@ import json
 import resource
 import subprocess
 import sys
-import time
 
 import torch
+from device import add_device_argument, check_device, describe, memory_label, now, peak_matmul_size, peak_memory_mib
+from device import reset_peak_memory
 from transformers import MarianConfig, MarianMTModel
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
@@ -52,13 +55,13 @@ def build(kind: str, args, attention: str) -> torch.nn.Module:
     return VaswaniTransformerForConditionalGeneration(config)
 
 
-def time_steps(model, batch, steps: int, bf16: bool) -> float:
+def time_steps(model, batch, steps: int, bf16: bool, device: torch.device) -> float:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     model.train()
     timings = []
     for step in range(steps + 2):
-        start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        start = now(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(input_ids=batch["input_ids"], decoder_input_ids=batch["decoder_input_ids"]).logits
         loss = torch.nn.functional.cross_entropy(
             logits.float().flatten(0, 1), batch["labels"].flatten(), label_smoothing=0.1
@@ -67,31 +70,30 @@ def time_steps(model, batch, steps: int, bf16: bool) -> float:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step >= 2:  # warm-up steps are not timed
-            timings.append(time.perf_counter() - start)
+            timings.append(now(device) - start)
     timings.sort()
     return timings[len(timings) // 2]
 
 
-def make_batch(args) -> dict[str, torch.Tensor]:
-    """The same random batch (no padding) for both models, from a fixed seed."""
+def make_batch(args, device: torch.device) -> dict[str, torch.Tensor]:
+    """The same random batch (no padding) for both models, from a fixed seed, on `device`."""
     generator = torch.Generator().manual_seed(0)
     ids = lambda: torch.randint(4, args.vocab, (args.batch, args.length), generator=generator)  # noqa: E731
     source, labels = ids(), ids()
-    return {"input_ids": source, "labels": labels, "decoder_input_ids": shift_tokens_right(labels, 0, 1)}
+    batch = {"input_ids": source, "labels": labels, "decoder_input_ids": shift_tokens_right(labels, 0, 1)}
+    return {name: tensor.to(device) for name, tensor in batch.items()}
 
 
-def max_rss_mib() -> float:
-    """This process's peak resident set size so far, MiB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def rss_mib() -> float:
-    """This process's resident set size now, MiB (Linux /proc; elsewhere the peak so far)."""
+def memory_now_mib(device: torch.device) -> float:
+    """Allocated GPU memory now (CUDA), or this process's resident set size now (CPU: Linux /proc; elsewhere the
+    peak so far), MiB."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
     try:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
     except OSError:
-        return max_rss_mib()
+        return peak_memory_mib(device)
 
 
 def child(args) -> None:
@@ -99,18 +101,21 @@ def child(args) -> None:
     kind, precision, attention, memory = args.child.split(",")
     if memory == "kept" and not keep_freed_cpu_memory():
         return print(json.dumps({"unavailable": True}))  # not glibc: no such setting
-    batch = make_batch(args)
-    model = build(kind, args, attention)
-    before = rss_mib()  # imports, model and batch: what the training steps add comes on top
-    seconds = time_steps(model, batch, args.steps, precision == "bf16")
-    print(json.dumps({"seconds": seconds, "rss_before_mib": before, "rss_peak_mib": max_rss_mib()}))
+    device = check_device(args.device)
+    batch = make_batch(args, device)
+    model = build(kind, args, attention).to(device)
+    before = memory_now_mib(device)  # imports, model and batch: what the training steps add comes on top
+    reset_peak_memory(device)
+    seconds = time_steps(model, batch, args.steps, precision == "bf16", device)
+    print(json.dumps({"seconds": seconds, "before_mib": before, "peak_mib": peak_memory_mib(device)}))
 
 
 def run_child(args, kind: str, precision: str, attention: str, memory: str) -> dict:
-    """Run `child` in a new Python process with the same model options and torch threads."""
+    """Run `child` in a new Python process with the same model options, torch threads and device."""
     options = ["--d-model", args.d_model, "--layers", args.layers, "--heads", args.heads, "--d-ff", args.d_ff,
                "--vocab", args.vocab, "--batch", args.batch, "--length", args.length, "--steps", args.steps,
-               "--threads", torch.get_num_threads(), "--child", f"{kind},{precision},{attention},{memory}"]  # fmt: skip
+               "--threads", torch.get_num_threads(), "--device", args.device,
+               "--child", f"{kind},{precision},{attention},{memory}"]  # fmt: skip
     done = subprocess.run([sys.executable, __file__, *map(str, options)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"child {kind} {precision} {attention} {memory} failed:\n{done.stderr[-3000:]}")
@@ -129,39 +134,47 @@ def main():
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
-                        help="also time bf16 autocast; auto: only where the CPU has native bf16 (AVX-512/AMX)")
+                        help="also time bf16 autocast; auto: only where the device has native bf16 "
+                             "(CPU: AVX-512 BF16/AMX; GPU: Ampere on)")  # fmt: skip
     parser.add_argument("--peak-seconds", type=float, default=2.0,
-                        help="seconds of 2048 x 2048 matrix products per precision for the measured peak (default 2)")
+                        help="seconds of square matrix products (2048 on a CPU, 8192 on a GPU) per precision "
+                             "for the measured peak (default 2)")  # fmt: skip
+    add_device_argument(parser)
     parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: one setting in a fresh process
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
         return child(args)
-    capability = torch.backends.cpu.get_cpu_capability()
-    with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_native_bf16("cpu"))
+    device = check_device(args.device)
+    with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_native_bf16(device.type))
 
     tokens = args.batch * args.length
     config = VaswaniTransformerConfig(vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers,
                                       decoder_layers=args.layers, num_heads=args.heads, d_ff=args.d_ff)  # fmt: skip
     step_flops = model_flops_per_target_token(config, args.length, args.length) * tokens
     precisions = ["fp32"] + (["bf16"] if with_bf16 else [])
-    peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16", 2048, args.peak_seconds)
+    size = peak_matmul_size(device)
+    peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16", size, args.peak_seconds, str(device))
             for p in precisions}  # fmt: skip
     print(f"batch {args.batch} x {args.length} tokens per side, d_model {args.d_model}, {args.layers}+{args.layers} layers, "
-          f"h {args.heads}, d_ff {args.d_ff}, vocab {args.vocab}, torch threads {torch.get_num_threads()}, "
-          f"CPU {capability}{'' if with_bf16 else ' (bf16 skipped: emulated on this CPU, far slower than fp32)'}")
+          f"h {args.heads}, d_ff {args.d_ff}, vocab {args.vocab}, {describe(device)}"
+          f"{'' if with_bf16 else ' (bf16 skipped: emulated on this device, far slower than fp32)'}")
     print(f"model FLOPs per step {step_flops / 1e9:.3g} GFLOP ({step_flops / tokens / 1e6:.1f} MFLOP per target "
           "token); "
-          "measured 2048^3 matmul peak " + ", ".join(f"{p} {peak[p] / 1e9:.0f} GFLOP/s" for p in precisions))
-    print("| model | precision | attention | CPU memory | ms / step | target tokens / s | speed-up vs first row "
-          "| GFLOP/s | MFU | peak RSS MiB (RSS before first step) |")
+          f"measured {size}^3 matmul peak " + ", ".join(f"{p} {peak[p] / 1e9:.0f} GFLOP/s" for p in precisions))
+    on_cpu = device.type == "cpu"
+    print(f"| model | precision | attention | {'CPU' if on_cpu else 'GPU'} memory | ms / step | target tokens / s "
+          f"| speed-up vs first row | GFLOP/s | MFU | {memory_label(device)} ({'RSS' if on_cpu else 'allocated'} "
+          "before first step) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     settings = [("fp32", "sdpa"), ("fp32", "eager")] + ([("bf16", "sdpa"), ("bf16", "eager")] if with_bf16 else [])
     reference = None
-    # glibc's default allocator first, then freed memory kept in the process as train.py does on CPU; each
-    # (setting, model) in its own process, Marian and ours alternating.
-    for memory in ("default", "kept"):
+    # on a CPU glibc's default allocator first, then freed memory kept in the process as train.py does on CPU; on a
+    # GPU PyTorch's caching allocator only. Each (setting, model) in its own process, Marian and ours alternating.
+    allocators = ({"default": "glibc default", "kept": "kept (train.py)"} if on_cpu
+                  else {"cuda": "CUDA caching allocator"})  # fmt: skip
+    for memory, allocator in allocators.items():
         for precision, attention in settings:
             for kind in ("marian", "vaswani"):
                 result = run_child(args, kind, precision, attention, memory)
@@ -171,9 +184,9 @@ def main():
                 reference = reference or seconds
                 mfu = model_flops_utilization(step_flops, seconds, peak[precision])
                 print(f"| {kind} | {'bf16 autocast' if precision == 'bf16' else 'fp32'} | {attention} | "
-                      f"{'glibc default' if memory == 'default' else 'kept (train.py)'} | {seconds * 1000:.0f} | "
+                      f"{allocator} | {seconds * 1000:.0f} | "
                       f"{tokens / seconds:,.0f} | {reference / seconds:.2f}x | {step_flops / seconds / 1e9:.3g} | "
-                      f"{mfu:.0%} | {result['rss_peak_mib']:,.0f} ({result['rss_before_mib']:,.0f}) |", flush=True)
+                      f"{mfu:.0%} | {result['peak_mib']:,.0f} ({result['before_mib']:,.0f}) |", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ Issue 15, section 1 (a) and (b). Rows, each timed in its own process (models alt
   between steps"): weights and activations bf16 throughout, no autocast; the gradients are copied to float32 masters
   that fused Adam updates, and the updated weights copied back.
 
+Runs on `--device` (default: a CUDA GPU when one is present, else the CPU), named in the table's header; on a GPU
+the memory column is PyTorch's peak of allocated GPU memory instead of the process's peak RSS.
+
 Real target tokens/s counts non-padding target tokens. Model FLOPs are `flops.training_flops` of each batch's real
 target tokens at its mean real lengths; MFU divides their rate by a matrix-product peak measured in this run.
 
@@ -26,11 +29,9 @@ Needs ../shared/data/multi30k (relative to the repository root); trains (once, c
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,6 +40,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from device import add_device_argument, check_device, describe, memory_label, now, peak_matmul_size  # noqa: E402
+from device import peak_memory_mib  # noqa: E402
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration  # noqa: E402
 from vaswani_transformer.flops import measure_matmul_peak, model_flops_utilization, training_flops  # noqa: E402
@@ -106,12 +110,15 @@ def child(args) -> None:
     from transformers.trainer_pt_utils import LabelSmoother
 
     kind, batches_name, precision = args.child.split(",")
-    keep_freed_cpu_memory()  # as train.py does on a CPU
-    batches = torch.load(Path(args.batches_dir) / f"{batches_name}.pt")
+    device = check_device(args.device)
+    if device.type == "cpu":
+        keep_freed_cpu_memory()  # as train.py does on a CPU
+    batches = [{name: tensor.to(device) for name, tensor in batch.items()}
+               for batch in torch.load(Path(args.batches_dir) / f"{batches_name}.pt")]  # fmt: skip
     config = model_config(args.preset, json.loads(args.tokenizer_fields))
     bf16 = precision == "bf16"
-    attention = attention_for(bf16 or precision == "bf16-model")
-    model = build(kind, config, attention).train()
+    attention = attention_for(bf16 or precision == "bf16-model", device)
+    model = build(kind, config, attention).to(device).train()
     masters = None
     if precision == "bf16-model":
         model = model.to(torch.bfloat16)
@@ -119,15 +126,18 @@ def child(args) -> None:
     optimizer = torch.optim.Adam(masters or model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     smoother = LabelSmoother(epsilon=0.1)
     seconds, tokens, flops = 0.0, 0, 0.0
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if args.profile else None
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities) if args.profile else None
     for step, batch in enumerate(batches):
         if profiler is not None and step == args.warmup:
             profiler.start()
         labels = batch["labels"]
         if kind == "marian":  # transformers' collator gives Marian its decoder inputs
             decoder_inputs = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
-        start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        start = now(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             if kind == "ours":
                 decoder_inputs = model.prepare_decoder_input_ids_from_labels(labels)
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -147,19 +157,19 @@ def child(args) -> None:
             with torch.no_grad():
                 torch._foreach_copy_(list(model.parameters()), masters)
         if step >= args.warmup:  # warm-up steps are not timed
-            seconds += time.perf_counter() - start
+            seconds += now(device) - start
             target_tokens = int(real.sum())
             tokens += target_tokens
             source_length = float(batch["attention_mask"].sum()) / len(labels)
             flops += training_flops(config, target_tokens, source_length, target_tokens / len(labels))
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_memory = peak_memory_mib(device)  # a fresh process: the peak of this setting alone
     steps = len(batches) - args.warmup
     shares = None
     if profiler is not None:
         profiler.stop()
-        shares = profile_shares(profiler.key_averages())
+        shares = profile_shares(profiler.key_averages(), device)
     print(json.dumps({"ms": 1000 * seconds / steps, "tok_s": tokens / seconds, "flop_s": flops / seconds,
-                      "rss": peak_rss, "attention": attention, "profile": shares}))  # fmt: skip
+                      "memory": peak_memory, "attention": attention, "profile": shares}))  # fmt: skip
 
 
 # Where the time of a training step goes: torch ops (self CPU time) by what they do.
@@ -176,27 +186,32 @@ PROFILE_GROUPS = {
 }
 
 
-def profile_shares(events) -> dict[str, float]:
-    """Share of the profiled self CPU time per `PROFILE_GROUPS` entry, the rest as elementwise and other ops."""
-    total = sum(e.self_cpu_time_total for e in events)
-    shares = {group: sum(e.self_cpu_time_total for e in events if e.key in names) / total
+def profile_shares(events, device: torch.device) -> dict[str, float]:
+    """Share of the profiled self time per `PROFILE_GROUPS` entry (CPU time, or GPU kernel time on a GPU), the rest as
+    elementwise and other ops."""
+    field = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    # Operators only (their device time is that of the kernels they launched): the kernels' own rows would count twice.
+    events = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    total = sum(getattr(e, field) for e in events)
+    shares = {group: sum(getattr(e, field) for e in events if e.key in names) / total
               for group, names in PROFILE_GROUPS.items()}  # fmt: skip
     shares["elementwise and other ops (adds, masks, ReLU, ...)"] = 1.0 - sum(shares.values())
     return shares
 
 
-def attention_for(bf16: bool) -> str:
+def attention_for(bf16: bool, device: torch.device) -> str:
     """The kernel the training job picks (`train.training_attention`), SDPA where it picks the model's default."""
     from vaswani_transformer.train import training_attention
 
-    training_args = SimpleNamespace(bf16=bf16, device=SimpleNamespace(type="cpu"))
+    training_args = SimpleNamespace(bf16=bf16, device=device)
     return training_attention(SimpleNamespace(attn_implementation=None), training_args) or "sdpa"
 
 
 def run_child(args, folder: Path, tokenizer_fields: dict, setting: str, profile: bool = False) -> dict:
     options = ["--preset", args.preset, "--max-tokens", args.max_tokens, "--steps", args.steps, "--warmup", args.warmup,
                *(["--profile"] if profile else []), "--threads", torch.get_num_threads(), "--batches-dir", folder,
-               "--tokenizer-fields", json.dumps(tokenizer_fields), "--child", setting]  # fmt: skip
+               "--tokenizer-fields", json.dumps(tokenizer_fields), "--device", args.device,
+               "--child", setting]  # fmt: skip
     done = subprocess.run([sys.executable, __file__, *map(str, options)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"child {setting} failed:\n{done.stderr[-3000:]}")
@@ -225,6 +240,7 @@ def main():
                         help="also profile one more run of each token-batch row and print where the time goes")
     parser.add_argument("--bf16-model", action="store_true",
                         help="with bf16: also ours as a bf16 model with float32 master weights (no autocast)")
+    add_device_argument(parser)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--batches-dir", help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer-fields", help=argparse.SUPPRESS)
@@ -233,19 +249,21 @@ def main():
         torch.set_num_threads(args.threads)
     if args.child:
         return child(args)
-    with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_native_bf16("cpu"))
+    device = check_device(args.device)
+    with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_native_bf16(device.type))
     precisions = ["fp32"] + (["bf16"] if with_bf16 else [])
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         tokenizer_fields = prepare_batches(args, folder)
         config = model_config(args.preset, tokenizer_fields)
-        peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16") for p in precisions}
+        size = peak_matmul_size(device)
+        peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16", size, device=str(device))
+                for p in precisions}  # fmt: skip
         print(f"{args.preset} model (d_model {config.d_model}, d_ff {config.d_ff}, h {config.num_heads}, "
               f"{config.encoder_layers}+{config.decoder_layers} layers, vocabulary {config.vocab_size}), Multi30k "
               f"train batches: token batches of <= {args.max_tokens} tokens per side, or random 64 sentences; "
-              f"{args.warmup} untimed + {args.steps} timed updates, median of {args.rounds} runs; torch threads "
-              f"{torch.get_num_threads()}, CPU {torch.backends.cpu.get_cpu_capability()}, native bf16 "
-              f"{has_native_bf16('cpu')}; measured 2048^3 matmul peak "
+              f"{args.warmup} untimed + {args.steps} timed updates, median of {args.rounds} runs; {describe(device)}, "
+              f"native bf16 {has_native_bf16(device.type)}; measured {size}^3 matmul peak "
               + ", ".join(f"{p} {peak[p] / 1e9:.0f} GFLOP/s" for p in precisions))
         settings = [("marian", "token"), ("ours", "token"), ("marian", "sentences64")]
         results: dict[tuple, list[dict]] = {}
@@ -262,7 +280,7 @@ def main():
                     setting = f"{kind},token,{precision}"
                     profiles[(kind, precision)] = run_child(args, folder, tokenizer_fields, setting, True)["profile"]
     print("| model | batches | precision | attention | ms / update | real target tokens / s | ours vs this row "
-          "| GFLOP/s | MFU | peak RSS MiB |")
+          f"| GFLOP/s | MFU | {memory_label(device)} |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     names = {"fp32": "fp32", "bf16": "bf16 autocast", "bf16-model": "bf16 model, fp32 master weights"}
     for precision in precisions:
@@ -275,14 +293,15 @@ def main():
             label = "token batches" if batches == "token" else "64 random sentences"
             print(f"| {kind} | {label} | {names[variant]} | {row['attention']} "
                   f"| {row['ms']:.0f} | {row['tok_s']:,.0f} | {ours / row['tok_s']:.2f}x | {row['flop_s'] / 1e9:.0f} "
-                  f"| {model_flops_utilization(row['flop_s'], 1.0, peak[precision]):.0%} | {row['rss']:,.0f} |")
+                  f"| {model_flops_utilization(row['flop_s'], 1.0, peak[precision]):.0%} | {row['memory']:,.0f} |")
     recipe = "bf16" if "bf16" in precisions else "fp32"  # how the CPU recipe trains here (bf16_where_native)
     ours = results_median(results, ("ours", "token", recipe))
     standard = results_median(results, ("marian", "sentences64", "fp32"))
     print(f"\nOurs as the CPU recipe trains here ({recipe}) against MarianMT's standard recipe (random 64-sentence "
           f"batches, fp32: transformers' default): {ours['tok_s'] / standard['tok_s']:.2f}x real target tokens / s")
     if profiles:
-        print("\nWhere the time of a step goes (token batches; share of the profiled CPU time, torch.profiler):")
+        kind_of_time = "GPU kernel time" if device.type == "cuda" else "CPU time"
+        print(f"\nWhere the time of a step goes (token batches; share of the profiled {kind_of_time}, torch.profiler):")
         columns = list(profiles)
         print("| ops | " + " | ".join(f"{kind}, {precision}" for kind, precision in columns) + " |")
         print("| --- |" + " --- |" * len(columns))

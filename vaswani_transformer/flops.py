@@ -93,13 +93,17 @@ def measure_matmul_peak(dtype="float32", size: int = 2048, seconds: float = 2.0,
     generator = torch.Generator().manual_seed(0)
     a, b = (torch.randn(size, size, generator=generator).to(device=device, dtype=dtype) for _ in range(2))
     out = torch.empty(size, size, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    on_gpu = torch.device(device).type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)
+    # A GPU runs products asynchronously: queue several between waits, so that the wait is not what gets measured.
+    queued = 10 if on_gpu else 1
     torch.mm(a, b, out=out)  # warm-up: kernel selection and first-touch of `out`
     sync()
     products, start = 0, time.perf_counter()
     while True:
-        torch.mm(a, b, out=out)
-        products += 1
+        for _ in range(queued):
+            torch.mm(a, b, out=out)
+        products += queued
         sync()
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:

@@ -1,8 +1,8 @@
 """The device a benchmark runs on: one `--device` option for every benchmark (a CUDA GPU when there is one, else the
 CPU), the device named in each table's header, timers that wait for the device, and peak memory of the device.
 
-On a CPU peak memory is the process's peak RSS (each setting runs in its own process where a benchmark compares
-them); on a CUDA GPU it is PyTorch's peak of allocated device memory since `reset_peak_memory`.
+On a CPU peak memory is the process's peak RSS (`peak_rss_mib`; each setting runs in its own process where a
+benchmark compares them); on a CUDA GPU it is PyTorch's peak of allocated device memory since `reset_peak_memory`.
 """
 
 import argparse
@@ -66,7 +66,22 @@ def peak_memory_mib(device: torch.device) -> float:
     """Peak allocated GPU memory since `reset_peak_memory` (CUDA), or the process's peak RSS (CPU), in MiB."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_mib()
+
+
+def peak_rss_mib() -> float:
+    """This program's peak resident set size, MiB: `VmHWM` of /proc/self/status on Linux.
+
+    Not getrusage's `ru_maxrss`: Linux carries the parent's peak over into a child started with fork (or vfork) and
+    exec, so a benchmark's child process would report at least its parent's peak."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # elsewhere (KiB on Linux and BSDs)
 
 
 def memory_label(device: torch.device) -> str:

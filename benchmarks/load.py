@@ -3,8 +3,9 @@
 
 Each row runs in a child process of its own. Two memory figures per row:
 
-* peak RSS, from the kernel (`os.wait4` of the child: `ru_maxrss`); it includes the pages of memory-mapped files the
-  child has touched (datasets' Arrow files), which the kernel can drop at any time;
+* peak RSS (the child's `VmHWM`, `device.peak_rss_mib`: not `ru_maxrss`, which a child inherits from its parent); it
+  includes the pages of memory-mapped files the child has touched (datasets' Arrow files), which the kernel can drop
+  at any time;
 * peak anonymous RSS (`RssAnon` of /proc/self/status, sampled every 20 ms in the child): the heap, what the process
   really holds. Flat in the number of lines (translation windows) and in the corpus size (Arrow is memory-mapped)
   is the claim this benchmark checks.
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from device import peak_rss_mib
 
 
 WMT14_PAIRS = 4_508_785  # WMT14 en-de training pairs (the paper's "about 4.5 million sentence pairs")
@@ -160,19 +162,15 @@ def child_corpus(args) -> dict:
 
 
 def run_child(kind: str, **options) -> dict:
-    """Run this file as `--child kind` in a fresh process; its JSON result plus its peak RSS (MB) from wait4."""
+    """Run this file as `--child kind` in a fresh process; its JSON result (with its peak RSS in MB)."""
     argv = [sys.executable, os.path.abspath(__file__), "--child", kind]
     for key, value in options.items():
         argv += [f"--{key}", str(value)]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     output = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0:
+    if process.wait() != 0:
         raise SystemExit(f"the {kind} child failed with exit status {process.returncode}")
-    result = json.loads(output.strip().splitlines()[-1])
-    result["rss_mb"] = usage.ru_maxrss / 1024  # kilobytes on Linux
-    return result
+    return json.loads(output.strip().splitlines()[-1])
 
 
 # ------------------------------------------------------------------------------------------------ the rows
@@ -229,7 +227,7 @@ def main() -> None:
 
             args.window = DEFAULT_WINDOW
         result = (child_translate if args.child == "translate" else child_corpus)(args)
-        print(json.dumps(result))
+        print(json.dumps({**result, "rss_mb": peak_rss_mib()}))
         return
 
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "

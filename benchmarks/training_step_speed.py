@@ -14,7 +14,7 @@ lengths x its target tokens (the same count for both models: the same configurat
 FLOP/s by the matrix-product peak of the precision used (bf16 autocast: the bf16 peak), measured in the same run with
 the same torch threads (`measure_matmul_peak`) on the same device. Each (setting, model) runs in its own child
 process, in the same alternating order (Marian, ours, Marian, ours...), so that its peak memory is its own: peak RSS
-(`resource.getrusage`) on a CPU, PyTorch's peak of allocated GPU memory on a GPU.
+(`device.peak_rss_mib`) on a CPU, PyTorch's peak of allocated GPU memory on a GPU.
 
     python benchmarks/training_step_speed.py --d-model 256 --layers 3 --heads 4 --d-ff 1024 --vocab 8000
 """

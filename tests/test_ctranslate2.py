@@ -1,5 +1,6 @@
 """CTranslate2 export: the exported model scores and translates as ours does (float32: token for token)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -174,6 +175,7 @@ def test_sources_and_outputs_longer_than_the_exported_position_table(trained, tm
     export_ctranslate2(str(folder / "model"), str(tmp_path / "ct2"), max_positions=12)
     translator, loaded_tokenizer, defaults = load_translator(str(tmp_path / "ct2"), intra_threads=1)
     assert defaults["max_positions"] == 12 and defaults["num_beams"] == 4
+    assert "The position table holds 12 positions" in (tmp_path / "ct2" / "README_ctranslate2.md").read_text()
     long_line = " ".join(s for s, _ in test_pairs[:4])
     ids = tokenizer(long_line).input_ids
     assert len(ids) > 12
@@ -190,6 +192,16 @@ def test_sources_and_outputs_longer_than_the_exported_position_table(trained, tm
                                     max_positions=12)  # fmt: skip
     with pytest.raises(ValueError, match="source of .* tokens is longer than the export's position table"):
         translate_tokens(translator, [tokenizer.convert_ids_to_tokens(ids)], max_positions=12)
+    # A folder exported before the table's size was recorded: CTranslate2's error, with what it means.
+    config = json.loads((tmp_path / "ct2" / "config.json").read_text(encoding="utf-8"))
+    del config["max_positions"]
+    (tmp_path / "ct2" / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    old_translator, _, old_defaults = load_translator(str(tmp_path / "ct2"), intra_threads=1)
+    assert "max_positions" not in old_defaults
+    with pytest.raises(ValueError, match="longer than the export's position table; export the model again"):
+        translate_lines_ctranslate2(old_translator, loaded_tokenizer, lines, num_beams=1)
+    config["max_positions"] = 12
+    (tmp_path / "ct2" / "config.json").write_text(json.dumps(config), encoding="utf-8")
     # translate --engine ctranslate2 reads the table's size from the folder.
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert translate_file_ctranslate2(str(tmp_path / "ct2"), str(tmp_path / "in.txt"), str(tmp_path / "out.txt"),

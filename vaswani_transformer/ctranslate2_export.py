@@ -204,11 +204,11 @@ def export_ctranslate2(
     # Decoding defaults (beam size, alpha, length rule) for `translate.py --engine ctranslate2`.
     converter.generation_config.save_pretrained(output_dir)
     with open(os.path.join(output_dir, README_NAME), "w", encoding="utf-8") as f:
-        f.write(_readme(model_name_or_path, quantization))
+        f.write(_readme(model_name_or_path, quantization, _folder_defaults(output_dir)[MAX_POSITIONS_KEY]))
     return output_dir
 
 
-def _readme(source: str, quantization: str | None) -> str:
+def _readme(source: str, quantization: str | None, max_positions: int) -> str:
     return f"""# CTranslate2 export of {source}
 
 Converted by `vaswani-export-ctranslate2` (weights: {quantization or "as saved"}). The folder holds the tokenizer too:
@@ -229,6 +229,9 @@ print([tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_s
 The length penalty is CTranslate2's log P / |Y|^alpha (the paper used the GNMT penalty ((5 + |Y|) / 6)^alpha), so beam
 search gives what `model.generate(..., length_penalty_type="transformers")` gives, not the paper's rule.
 Or: `vaswani-translate --engine ctranslate2 --model_name_or_path path/to/this/folder`.
+
+The position table holds {max_positions} positions (`max_positions` in config.json): CTranslate2 fails on a longer source
+or output, so keep `max_decoding_length` at most {max_positions}; `vaswani-translate` cuts longer sources with a warning.
 """
 
 
@@ -289,16 +292,23 @@ def translate_tokens(
             logger.warning("Decoding limited to %d tokens (the export's position table) instead of %d.",
                            max_positions, limit)  # fmt: skip
             limit = max_positions
-    results = translator.translate_batch(
-        [list(s) for s in sources],
-        beam_size=num_beams,
-        length_penalty=length_penalty if num_beams > 1 else 0.0,
-        num_hypotheses=num_hypotheses,
-        max_decoding_length=limit,
-        min_decoding_length=0,
-        max_input_length=0,
-        return_end_token=True,
-    )
+    try:
+        results = translator.translate_batch(
+            [list(s) for s in sources],
+            beam_size=num_beams,
+            length_penalty=length_penalty if num_beams > 1 else 0.0,
+            num_hypotheses=num_hypotheses,
+            max_decoding_length=limit,
+            min_decoding_length=0,
+            max_input_length=0,
+            return_end_token=True,
+        )
+    except RuntimeError as error:  # a folder exported before its table's size was recorded: no max_positions
+        if "position encodings" not in str(error):
+            raise
+        raise ValueError(f"{error}: a source ({longest} tokens) or its translation (up to {limit}) is longer than "
+                         "the export's position table; export the model again (vaswani-export-ctranslate2 records "
+                         "the table's size, and translating then cuts longer sources) or shorten the input.") from error
     return [[hypothesis[:-1] if hypothesis[-1:] == [eos_token] else hypothesis for hypothesis in result.hypotheses]
             for result in results]  # fmt: skip
 

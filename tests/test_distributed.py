@@ -50,6 +50,10 @@ PROBE = textwrap.dedent(
                            "world_size": args.world_size, "accumulation": args.gradient_accumulation_steps}, f)
 
     run_from_args(sys.argv[1:], callbacks=[Probe()])
+    import torch
+    rank = int(os.environ.get("RANK", "0"))
+    with open(os.path.join(sys.argv[sys.argv.index("--output_dir") + 1], f"ended_rank{rank}.json"), "w") as f:
+        json.dump({"process_group_left": torch.distributed.is_initialized()}, f)
     """
 )
 
@@ -153,6 +157,10 @@ FSDP_PROBE = textwrap.dedent(
                            "use_fsdp_env": os.environ.get("ACCELERATE_USE_FSDP"), "world_size": args.world_size}, f)
 
     run_from_args(sys.argv[1:], callbacks=[Probe()])
+    import torch
+    rank = int(os.environ.get("RANK", "0"))
+    with open(os.path.join(sys.argv[sys.argv.index("--output_dir") + 1], f"ended_rank{rank}.json"), "w") as f:
+        json.dump({"process_group_left": torch.distributed.is_initialized()}, f)
     """
 )
 
@@ -180,6 +188,9 @@ def test_fsdp_config_on_cpu_runs_as_ddp_over_gloo_and_its_checkpoints_average(tm
             f"accelerate now runs FSDP on CPUs ({r}): test FSDP training, resume and averaging here and update the "
             "README table of distributed configurations"
         )
+    # The job ends the process group: left to interpreter finalization, gloo's threads can abort a finished run.
+    for r in (0, 1):
+        assert json.loads((out / f"ended_rank{r}.json").read_text()) == {"process_group_left": False}
     for step in (2, 4):
         assert checkpoint_problem(out / f"checkpoint-{step}", for_resume=True) is None
     averaged = average_checkpoints(out, num_last=2, output_dir=tmp_path / "averaged")

@@ -572,9 +572,20 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
 
 
 def run_from_args(argv: list[str] | None = None, callbacks: list | None = None) -> dict[str, Any]:
-    """Parse a training command line ``argv`` (a recipe file, then flags) and run the job; returns its results."""
+    """Parse a training command line ``argv`` (a recipe file, then flags) and run the job; returns its results. Under
+    ``accelerate launch`` the job ends the process group (`end_distributed_job`): one job per process, as a script."""
     model_args, data_args, training_args = parse_arguments(argv)
-    return run_training(model_args, data_args, training_args, callbacks=callbacks)
+    results = run_training(model_args, data_args, training_args, callbacks=callbacks)
+    end_distributed_job()
+    return results
+
+
+def end_distributed_job() -> None:
+    """Shut the process group down while the interpreter is whole (accelerate's `end_training` does the same). Left to
+    interpreter finalization, gloo's worker threads can abort a finished run's process (SIGABRT, "terminate called
+    without an active exception"): a failed exit status after a successful run."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -593,6 +604,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     try:
         run_training(*arguments)
+        end_distributed_job()
     # Bad data, tokenizer, config or checkpoint, a loss that is not finite, a checkpoint that could not be written
     # (disk full): each names the problem in one line; the traceback is logged at debug level.
     except (ValueError, FileNotFoundError, NonFiniteLossError, CheckpointWriteError) as error:
@@ -605,6 +617,7 @@ __all__ = [
     "DataTrainingArguments",
     "ModelArguments",
     "VaswaniTrainingArguments",
+    "end_distributed_job",
     "given_arguments",
     "load_recipe",
     "main",

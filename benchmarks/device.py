@@ -45,6 +45,16 @@ def peak_matmul_size(device: torch.device) -> int:
     return 8192 if device.type == "cuda" else 2048
 
 
+def matmul_peaks(precisions: list[str], device: torch.device, seconds: float = 2.0) -> tuple[int, dict[str, float]]:
+    """(side of the products, {precision: FLOP/s}): the matrix-product peak of each of "fp32" / "bf16" on `device`,
+    measured now (`flops.measure_matmul_peak`), against which a benchmark's MFU is computed."""
+    from vaswani_transformer.flops import measure_matmul_peak
+
+    size = peak_matmul_size(device)
+    dtypes = {"fp32": "float32", "bf16": "bfloat16"}
+    return size, {p: measure_matmul_peak(dtypes[p], size, seconds, str(device)) for p in precisions}
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA runs asynchronously); nothing on a CPU."""
     if device.type == "cuda":

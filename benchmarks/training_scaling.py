@@ -26,10 +26,10 @@ import statistics
 
 import numpy as np
 import torch
-from device import add_device_argument, check_device, describe, now, peak_matmul_size
+from device import add_device_argument, check_device, describe, matmul_peaks, now
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
-from vaswani_transformer.flops import measure_matmul_peak, model_flops_per_target_token, model_flops_utilization
+from vaswani_transformer.flops import model_flops_per_target_token, model_flops_utilization
 from vaswani_transformer.modeling_vaswani_transformer import shift_tokens_right
 from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory
 
@@ -151,9 +151,7 @@ def main():
                                       decoder_layers=args.layers, num_heads=args.heads, d_ff=args.d_ff)  # fmt: skip
     config._attn_implementation = args.attn_implementation
     precisions = ["fp32"] + (["bf16"] if args.bf16 else [])
-    size = peak_matmul_size(device)
-    peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16", size, args.peak_seconds, str(device))
-            for p in precisions}  # fmt: skip
+    size, peak = matmul_peaks(precisions, device, args.peak_seconds)
     cores = f", {os.cpu_count()} cores" if device.type == "cpu" else ""
     title = (f"d_model {args.d_model}, {args.layers}+{args.layers} layers, h {args.heads}, d_ff {args.d_ff}, "
              f"vocab {args.vocab}, {args.attn_implementation}; {describe(device)}{cores}; "

@@ -26,12 +26,12 @@ import subprocess
 import sys
 
 import torch
-from device import add_device_argument, check_device, describe, memory_label, now, peak_matmul_size, peak_memory_mib
+from device import add_device_argument, check_device, describe, matmul_peaks, memory_label, now, peak_memory_mib
 from device import reset_peak_memory
 from transformers import MarianConfig, MarianMTModel
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
-from vaswani_transformer.flops import measure_matmul_peak, model_flops_per_target_token, model_flops_utilization
+from vaswani_transformer.flops import model_flops_per_target_token, model_flops_utilization
 from vaswani_transformer.modeling_vaswani_transformer import shift_tokens_right
 from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory
 
@@ -154,9 +154,7 @@ def main():
                                       decoder_layers=args.layers, num_heads=args.heads, d_ff=args.d_ff)  # fmt: skip
     step_flops = model_flops_per_target_token(config, args.length, args.length) * tokens
     precisions = ["fp32"] + (["bf16"] if with_bf16 else [])
-    size = peak_matmul_size(device)
-    peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16", size, args.peak_seconds, str(device))
-            for p in precisions}  # fmt: skip
+    size, peak = matmul_peaks(precisions, device, args.peak_seconds)
     print(f"batch {args.batch} x {args.length} tokens per side, d_model {args.d_model}, {args.layers}+{args.layers} layers, "
           f"h {args.heads}, d_ff {args.d_ff}, vocab {args.vocab}, {describe(device)}"
           f"{'' if with_bf16 else ' (bf16 skipped: emulated on this device, far slower than fp32)'}")

@@ -41,11 +41,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from device import add_device_argument, check_device, describe, memory_label, now, peak_matmul_size  # noqa: E402
+from device import add_device_argument, check_device, describe, matmul_peaks, memory_label, now  # noqa: E402
 from device import peak_memory_mib  # noqa: E402
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration  # noqa: E402
-from vaswani_transformer.flops import measure_matmul_peak, model_flops_utilization, training_flops  # noqa: E402
+from vaswani_transformer.flops import model_flops_utilization, training_flops  # noqa: E402
 from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
@@ -256,9 +256,7 @@ def main():
         folder = Path(tmp)
         tokenizer_fields = prepare_batches(args, folder)
         config = model_config(args.preset, tokenizer_fields)
-        size = peak_matmul_size(device)
-        peak = {p: measure_matmul_peak("float32" if p == "fp32" else "bfloat16", size, device=str(device))
-                for p in precisions}  # fmt: skip
+        size, peak = matmul_peaks(precisions, device)
         print(f"{args.preset} model (d_model {config.d_model}, d_ff {config.d_ff}, h {config.num_heads}, "
               f"{config.encoder_layers}+{config.decoder_layers} layers, vocabulary {config.vocab_size}), Multi30k "
               f"train batches: token batches of <= {args.max_tokens} tokens per side, or random 64 sentences; "

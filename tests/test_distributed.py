@@ -50,10 +50,6 @@ PROBE = textwrap.dedent(
                            "world_size": args.world_size, "accumulation": args.gradient_accumulation_steps}, f)
 
     run_from_args(sys.argv[1:], callbacks=[Probe()])
-    import torch
-    rank = int(os.environ.get("RANK", "0"))
-    with open(os.path.join(sys.argv[sys.argv.index("--output_dir") + 1], f"ended_rank{rank}.json"), "w") as f:
-        json.dump({"process_group_left": torch.distributed.is_initialized()}, f)
     """
 )
 

@@ -180,12 +180,15 @@ class VaswaniTransformerConverter(Converter):
         self.max_positions = max_positions
         self.tokenizer = None
         self.generation_config = None
+        self.exported_positions = None  # the table's rows, once converted
 
     def _load(self):
         model, self.tokenizer = load_our_model(self.model_name_or_path, self.revision)
         self.generation_config = model.generation_config
         with torch.no_grad():
-            return transformer_spec_of(model, self.tokenizer, self.max_positions)
+            spec = transformer_spec_of(model, self.tokenizer, self.max_positions)
+        self.exported_positions = getattr(spec.config, MAX_POSITIONS_KEY)
+        return spec
 
 
 def export_ctranslate2(
@@ -204,7 +207,7 @@ def export_ctranslate2(
     # Decoding defaults (beam size, alpha, length rule) for `translate.py --engine ctranslate2`.
     converter.generation_config.save_pretrained(output_dir)
     with open(os.path.join(output_dir, README_NAME), "w", encoding="utf-8") as f:
-        f.write(_readme(model_name_or_path, quantization, _folder_defaults(output_dir)[MAX_POSITIONS_KEY]))
+        f.write(_readme(model_name_or_path, quantization, converter.exported_positions))
     return output_dir
 
 

@@ -206,6 +206,47 @@ def test_labels_are_shifted_by_the_model_alone_with_the_same_loss_and_gradients(
         assert torch.equal(grad, expected_grads[name]), name
 
 
+def test_bf16_training_step_gives_the_loss_bf16_logits_with_the_same_loss_and_gradients(tmp_path):
+    """Under bf16 mixed precision accelerate returns a prepared model's outputs in float32. In a training step the
+    trainer's loss takes the bf16 logits instead (no float32 copy of the tokens x vocabulary logits): the same loss
+    and, bitwise, the same gradients as the loss on accelerate's float32 logits (the conversion is exact, and its
+    backward rounds the same float32 gradient to bf16). Evaluation outputs stay float32; the model's forward is
+    accelerate's again after the step."""
+    model = tiny_model()
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16=True, report_to="none",
+                                    label_smoothing_factor=0.1)  # fmt: skip
+    trainer = VaswaniSeq2SeqTrainer(model=model, args=args)
+    trainer.accelerator.prepare_model(model)  # as Trainer.train: bf16 autocast, outputs converted to float32
+    wrapped = model.__dict__["forward"]
+    seen = []
+    model.register_forward_hook(lambda module, args, output: seen.append(output.logits.dtype))
+    input_ids = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
+    labels = torch.tensor([[7, 9, 2, -100], [9, 10, 11, 2]])
+    inputs = {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": labels}
+    results = []
+    for fast in (True, False):
+        model.zero_grad()
+        torch.manual_seed(0)  # the same dropout masks
+        if fast:
+            loss = trainer.compute_loss(model, dict(inputs))
+        else:  # the loss on the float32 logits accelerate's wrapper returns
+            logits = model(**{k: v for k, v in inputs.items() if k != "labels"},
+                           decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels)).logits  # fmt: skip
+            loss = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.flatten(), 0.1) / (labels != -100).sum()
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    assert seen == [torch.bfloat16, torch.float32]
+    assert model.__dict__["forward"] is wrapped
+    (loss, grads), (expected_loss, expected_grads) = results
+    assert loss.item() == expected_loss.item()
+    for name, grad in grads.items():
+        assert torch.equal(grad, expected_grads[name]), name
+    model.eval()
+    with torch.no_grad():
+        _, outputs = trainer.compute_loss(model, dict(inputs), return_outputs=True)
+    assert outputs.logits.dtype == torch.float32 and seen[-1] == torch.float32
+
+
 class _KeepGradients(TrainerCallback):
     """The loss logged for update 1 and every parameter's gradient just before its optimizer step."""
 

@@ -42,11 +42,14 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from types import MethodType
 from typing import Any
 
 import torch
+from accelerate.utils.operations import ConvertOutputsToFp32
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ExportableState
@@ -185,6 +188,29 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, eps
         )
     rows = max(1, 2**18 // logits.shape[-1])  # 1 MiB of float32 per block
     return _LabelSmoothedCrossEntropy.apply(logits, labels, float(epsilon), rows)
+
+
+@contextmanager
+def outputs_in_compute_dtype(module: torch.nn.Module) -> Iterator[None]:
+    """Within the block, ``module`` (accelerate-prepared for mixed precision) returns its outputs in the autocast dtype.
+
+    accelerate runs such a model as ``convert_outputs_to_fp32(autocast(forward))``: in training that makes a float32
+    copy of the (tokens x vocabulary) logits and casts its gradient back, only for :func:`label_smoothed_cross_entropy`
+    to read them again (it computes in float32 blocks from any dtype, with the same result from bf16 logits). The block
+    keeps the autocast level and skips the conversion; outside it the model is as accelerate left it. A model without
+    that wrapper is left alone.
+    """
+    forward = module.__dict__.get("forward")
+    converter = getattr(getattr(forward, "__func__", forward), "__wrapped__", None)
+    if not isinstance(converter, ConvertOutputsToFp32):
+        yield
+        return
+    inner = converter.model_forward  # autocast(forward): unbound when accelerate bound the converter to the module
+    module.forward = MethodType(inner, module) if hasattr(forward, "__func__") else inner
+    try:
+        yield
+    finally:
+        module.forward = forward
 
 
 def has_native_bf16(device_type: str) -> bool:
@@ -471,7 +497,11 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             inputs["decoder_input_ids"] = self.accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(
                 labels
             )
-        outputs = model(**inputs)
+        if model.training:  # bf16 logits straight to the loss (outputs_in_compute_dtype)
+            with outputs_in_compute_dtype(self.accelerator.unwrap_model(model)):
+                outputs = model(**inputs)
+        else:
+            outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         summed = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.to(logits.device).flatten(), epsilon)
         if num_items_in_batch is None:

@@ -341,6 +341,54 @@ def test_a_stopping_criterion_finishes_hypotheses_like_an_extra_eos_token():
     assert (with_two_eos == 39).any()
 
 
+def test_stop_strings_with_the_tokenizer_end_hypotheses_as_their_criterion_does():
+    """`generate(stop_strings=..., tokenizer=...)` with the paper's search gives what the stop-string criterion gives
+    passed explicitly (transformers hands a callable custom_generate no tokenizer: the search builds the criterion
+    itself), from the call or from the generation config; sentences that write the string end with it."""
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    tokenizer = helpers.tiny_tokenizer()
+    model = helpers.tiny_translation_model(tokenizer, seed=5).eval()
+    inputs = tokenizer(["the cat sat on the mat", "a dog ran", "birds fly over the house today"], return_tensors="pt",
+                       padding=True)  # fmt: skip
+    settings = dict(max_len_a=0, max_len_b=10)
+    plain = tokenizer.batch_decode(model.generate(**inputs, **settings), skip_special_tokens=True)
+    criterion = StoppingCriteriaList([StopStringCriteria(tokenizer, ["x<"])])
+    explicit = model.generate(**inputs, stopping_criteria=criterion, **settings)
+    from_call = model.generate(**inputs, stop_strings=["x<"], tokenizer=tokenizer, **settings)
+    config = GenerationConfig.from_dict({**model.generation_config.to_dict(), "stop_strings": ["x<"]})
+    from_config = model.generate(**inputs, generation_config=config, tokenizer=tokenizer, **settings)
+    assert torch.equal(from_call, explicit) and torch.equal(from_config, explicit)
+    texts = tokenizer.batch_decode(from_call, skip_special_tokens=True)
+    assert all(text.endswith("x<") and text.count("x<") == 1 for text in texts)
+    # where the plain search wrote the string, cut just after it; the second sentence ('!!!...' to the length limit)
+    # now has a finished hypothesis, which wins over beams cut at the limit
+    assert [texts[0], texts[2]] == [plain[0][: plain[0].index("x<") + 2], plain[2][: plain[2].index("x<") + 2]]
+    assert "x<" not in plain[1]
+
+
+def test_a_generation_config_passed_alone_stays_alone():
+    """transformers deprecates a `generation_config` passed together with loose generation fields: the length rule
+    (max_length) and the stop-string criterion go into a copy of the caller's config, not beside it, and the caller's
+    config object is left as it was. The tokens equal those of the same fields passed as keywords."""
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging as transformers_logging
+
+    tokenizer = helpers.tiny_tokenizer()
+    model = helpers.tiny_translation_model(tokenizer, seed=5).eval()
+    inputs = tokenizer(["the cat sat on the mat", "a dog ran"], return_tensors="pt", padding=True)
+    config = GenerationConfig.from_dict({**model.generation_config.to_dict(), "max_len_a": 0, "max_len_b": 10,
+                                         "stop_strings": ["x<"]})  # fmt: skip
+    before = config.to_dict()
+    transformers_logging.warning_once.cache_clear()  # the deprecation is logged once per message and process
+    with CaptureLogger(transformers_logging.get_logger("transformers.generation.utils")) as captured:
+        output = model.generate(**inputs, generation_config=config, tokenizer=tokenizer)
+    assert "generation_config" not in captured.out, captured.out
+    assert config.to_dict() == before
+    expected = model.generate(**inputs, max_len_a=0, max_len_b=10, stop_strings=["x<"], tokenizer=tokenizer)
+    assert torch.equal(output, expected)
+
+
 def test_search_stops_early_when_no_running_beam_can_win():
     model = tiny_model(2, eos_bias=1.5)
     inputs = random_sources(102)

@@ -85,6 +85,20 @@ def test_pipeline_from_model_object_and_num_return_sequences(saved, translation_
     assert [[o["translation_text"] for o in r] for r in result] == [expected[:2], expected[2:]]
 
 
+def test_stop_strings_need_no_tokenizer_from_the_caller(saved, translation_pipeline):
+    """`pipe(texts, stop_strings=[...])` passes generate its own tokenizer (generate needs one to read stop strings),
+    with the paper's search and with greedy decoding: as generate given the tokenizer."""
+    folder, model, tokenizer = saved
+    pipe = translation_pipeline("translation", model=str(folder))
+    plain = generate_texts(model, tokenizer, SOURCES)
+    for settings in ({}, {"num_beams": 1}):
+        inputs = tokenizer(SOURCES, return_tensors="pt", padding=True)
+        output = model.generate(**inputs, stop_strings=["eß"], tokenizer=tokenizer, **settings)
+        expected = tokenizer.batch_decode(output, skip_special_tokens=True)
+        assert texts(pipe(SOURCES, batch_size=2, stop_strings=["eß"], **settings)) == expected
+    assert expected != plain and all("eß" in text for text in expected if text)
+
+
 def test_empty_and_whitespace_sources_translate_to_empty(saved, translation_pipeline):
     folder, model, tokenizer = saved
     pipe = translation_pipeline("translation", model=str(folder))

@@ -22,6 +22,7 @@ models loaded with `trust_remote_code=True`), through three extension points of 
 This file is copied next to the weights for `trust_remote_code` users: it imports only torch and transformers.
 """
 
+import copy
 import functools
 import math
 from dataclasses import dataclass
@@ -31,7 +32,12 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.configuration_utils import GenerationMode
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
 
@@ -185,7 +191,9 @@ class VaswaniGenerationMixin(GenerationMixin):
                 # The decoder reads every token but the last: at most max_position_embeddings + 1 in all.
                 room = self.config.max_position_embeddings + 1 - prompt_length
                 sentence_max_new_tokens = sentence_max_new_tokens.clamp(max=max(room, 1))
-            kwargs["max_length"] = prompt_length + int(sentence_max_new_tokens.max())
+            generation_config = _with_field(
+                generation_config, kwargs, "max_length", prompt_length + int(sentence_max_new_tokens.max())
+            )
 
         effective_config, _ = self._prepare_generation_config(generation_config, **kwargs)
         if (
@@ -197,6 +205,11 @@ class VaswaniGenerationMixin(GenerationMixin):
                 raise ValueError("`streamer` cannot be used with beam search: set `num_beams=1`.")
             if synced_gpus is None:
                 synced_gpus = _default_synced_gpus(self)
+            if effective_config.stop_strings and kwargs.get("tokenizer") is not None:
+                # transformers hands a callable custom_generate no `tokenizer`, so it could not build this criterion
+                stop = StopStringCriteria(kwargs.pop("tokenizer"), effective_config.stop_strings)
+                stopping_criteria = StoppingCriteriaList([*(stopping_criteria or []), stop])
+                generation_config = _with_field(generation_config, kwargs, "stop_strings", None)
             custom_generate = functools.partial(
                 paper_beam_search,
                 paper_sentence_max_new_tokens=sentence_max_new_tokens,
@@ -217,6 +230,17 @@ class VaswaniGenerationMixin(GenerationMixin):
             custom_generate,
             **kwargs,
         )
+
+
+def _with_field(generation_config: GenerationConfig | None, kwargs: dict, name: str, value) -> GenerationConfig | None:
+    """Set the generation field `name` for this call: in a copy of the caller's generation config when one was passed
+    (transformers deprecates a config together with loose generation fields), else as a keyword argument."""
+    if generation_config is not None and name not in kwargs:
+        generation_config = copy.deepcopy(generation_config)
+        setattr(generation_config, name, value)
+    else:
+        kwargs[name] = value
+    return generation_config
 
 
 def _default_synced_gpus(model) -> bool:

@@ -227,7 +227,8 @@ class TranslationPipeline(Pipeline):
             num_return = generate_kwargs.get("num_return_sequences") or 1
             output_ids = output_ids.repeat_interleave(num_return, dim=0)
         else:
-            output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+            # The tokenizer lets generate read stop strings (`stop_strings=...`, or in a generation config).
+            output_ids = self.model.generate(**model_inputs, **{"tokenizer": self.tokenizer, **generate_kwargs})
         output_ids = output_ids.reshape(batch_size, -1, output_ids.shape[-1])
         return {"output_ids": output_ids, "is_empty": is_empty}
 

@@ -128,6 +128,34 @@ def test_paper_optimizer_and_schedule_against_the_formula(tmp_path):
     assert max(seen, key=seen.get) == 10  # peak at the end of warmup
 
 
+def test_another_optim_is_transformers_optimizer_on_the_schedule_and_the_card_names_it(tmp_path):
+    """--optim other than transformers' default (adafactor, sgd, ...) trains with transformers' optimizer, no longer
+    dropped without a word for the paper's Adam; the paper schedule still sets its rate; the card names it."""
+    from transformers.optimization import Adafactor
+
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), warmup_steps=10, lr_factor=2.0, use_cpu=True,
+                                    report_to="none", optim="adafactor")  # fmt: skip
+    trainer = VaswaniSeq2SeqTrainer(model=tiny_model(), args=args)
+    trainer.create_optimizer_and_scheduler(num_training_steps=100)
+    assert type(trainer.optimizer) is Adafactor
+    seen = {}
+    for n in range(1, 13):
+        seen[n] = [group["lr"] for group in trainer.optimizer.param_groups]
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    for n, rates in seen.items():  # paper eq. (3) with step_num = n, times the factor
+        assert rates == pytest.approx([2.0 * 32**-0.5 * min(n**-0.5, n * 10**-1.5)] * len(rates), rel=1e-12), n
+    for optim in ("adamw_torch", "adamw_torch_fused"):  # transformers' default and its plain sibling: the paper's
+        paper = VaswaniTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", optim=optim)
+        trainer = VaswaniSeq2SeqTrainer(model=tiny_model(), args=paper)
+        assert type(trainer.create_optimizer()) is torch.optim.Adam
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out = tmp_path / "sgd"
+    run_from_args(tiny_args(data, out, "--max_steps", "2", "--optim", "sgd"))
+    card = (out / "README.md").read_text()
+    assert "| optimizer | transformers' --optim sgd |" in card and "Adam beta2" not in card
+
+
 def test_label_smoothed_loss_equals_transformers_label_smoother_and_the_formula(tmp_path):
     """The trainer's fused loss == transformers' LabelSmoother == (1-eps)*NLL + eps*mean_v(-log p), per real token."""
     from transformers.trainer_pt_utils import LabelSmoother

@@ -132,10 +132,13 @@ def _recipe_fields(args: Mapping[str, Any]) -> dict[str, Any]:
         info.pop("max_steps")
     if info.get("lr_schedule") == "paper":
         info.pop("learning_rate", None)  # ignored by the paper schedule
-    if "lr_schedule" in args:  # our arguments: VaswaniSeq2SeqTrainer builds its own Adam, not `optim`'s
-        from .trainer import describe_optimizer  # (the trainer module imports this one)
+    if "lr_schedule" in args:  # our arguments: VaswaniSeq2SeqTrainer's Adam unless `optim` names another
+        from .trainer import describe_optimizer, uses_paper_optimizer  # (the trainer module imports this one)
 
         info["optimizer"] = describe_optimizer(args)
+        if not uses_paper_optimizer(args):  # Adam's settings do not apply
+            for name in ("adam_beta1", "adam_beta2", "adam_epsilon"):
+                info.pop(name, None)
     else:
         info["optimizer"] = str(args.get("optim", "adamw_torch"))
     return info

@@ -97,6 +97,18 @@ def paper_lr_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas, last_epoch=last_epoch)
 
 
+# transformers' default `optim` values, which give the paper's Adam (:func:`build_optimizer`); any other `--optim`
+# (adafactor, sgd, adamw_8bit, ...) is transformers' own optimizer, with the schedule still ours or transformers'.
+PAPER_OPTIM = ("adamw_torch_fused", "adamw_torch")
+
+
+def uses_paper_optimizer(args: TrainingArguments | Mapping[str, Any]) -> bool:
+    """Whether ``args`` (arguments or their ``to_dict()``) train with :func:`build_optimizer`'s Adam: ``optim`` left
+    at transformers' default (or set to the plain torch AdamW it names)."""
+    optim = args.get("optim") if isinstance(args, Mapping) else args.optim
+    return str(getattr(optim, "value", optim) or PAPER_OPTIM[0]) in PAPER_OPTIM
+
+
 def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.optim.Optimizer:
     """Adam with the arguments' betas and eps (paper: 0.9, 0.98, 1e-9). ``weight_decay > 0`` gives AdamW
     (decoupled decay) on all weights except biases and LayerNorms; the paper uses none.
@@ -118,7 +130,10 @@ def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.op
 
 
 def describe_optimizer(args: Mapping[str, Any]) -> str:
-    """What :func:`build_optimizer` builds from these arguments (a ``TrainingArguments.to_dict()``), in words."""
+    """What the trainer builds from these arguments (a ``TrainingArguments.to_dict()``), in words."""
+    if not uses_paper_optimizer(args):
+        optim, extra = args.get("optim"), args.get("optim_args")
+        return f"transformers' --optim {getattr(optim, 'value', optim)}" + (f" ({extra})" if extra else "")
     decay = args.get("weight_decay") or 0.0
     name = f"AdamW (weight decay {decay:g}, not on biases and LayerNorms; " if decay else "Adam ("
     return f"{name}beta1 {args.get('adam_beta1'):g}, beta2 {args.get('adam_beta2'):g}, eps {args.get('adam_epsilon'):g})"
@@ -429,7 +444,10 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
 
     # -- optimisation
     def create_optimizer(self, model=None):
+        """The paper's Adam (:func:`build_optimizer`), or transformers' optimizer for any other ``--optim``."""
         if self.optimizer is None:
+            if not uses_paper_optimizer(self.args):
+                return super().create_optimizer(model)
             self.optimizer = build_optimizer(self.model if model is None else model, self.args)
         return self.optimizer
 
@@ -675,5 +693,6 @@ __all__ = [
     "keep_freed_cpu_memory",
     "paper_learning_rate",
     "paper_lr_scheduler",
+    "uses_paper_optimizer",
     "write_failure",
 ]

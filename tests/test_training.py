@@ -398,6 +398,23 @@ def test_learning_rate_with_the_paper_schedule_is_an_error_naming_lr_factor(tmp_
     assert parse_arguments(["--output_dir", str(tmp_path), "--lr_factor", "2"])[2].lr_factor == 2
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--lr_scheduler_type", "cosine"], r"lr_scheduler_type=cosine has no effect with lr_schedule=paper.*lr_factor"),
+    (["--lr_scheduler_kwargs", '{"num_decay_steps": 5}'], r"lr_scheduler_kwargs=.* has no effect with lr_schedule=paper"),
+    (["--per_device_train_batch_size", "64"], r"per_device_train_batch_size=64 has no effect: .*token batches.*now 4096"),
+    (["--gradient_accumulation_steps", "4", "--tokens_per_update", "25000"], r"both set the accumulation"),
+])  # fmt: skip
+def test_training_arguments_that_would_be_ignored_are_errors_naming_what_to_set(tmp_path, flags, message):
+    """Flags of transformers' Trainer that this training overrides (its schedule, its token batches, the
+    accumulation tokens_per_update sets) are errors, not silently dropped; in their own setting they are taken."""
+    with pytest.raises(ValueError, match=message):
+        parse_arguments(["--output_dir", str(tmp_path), *flags])
+    hf = parse_arguments(["--output_dir", str(tmp_path), "--lr_schedule", "hf", "--lr_scheduler_type", "cosine"])[2]
+    assert hf.lr_scheduler_type == "cosine"
+    accumulation = parse_arguments(["--output_dir", str(tmp_path), "--gradient_accumulation_steps", "4"])[2]
+    assert accumulation.gradient_accumulation_steps == 4
+
+
 def test_unknown_recipe_key_lists_valid_ones(tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text("output_dir: o\nmax_tokens_per_bach: 10\n")

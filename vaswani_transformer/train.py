@@ -271,13 +271,33 @@ def parse_arguments(argv: list[str] | None = None):
     )
     if rest:
         raise ValueError(f"{unknown_arguments_message(parser, rest)} Unknown arguments: {rest}.")
-    if "learning_rate" in given and training_args.lr_schedule == "paper":
-        raise ValueError(
-            f"learning_rate={given['learning_rate']} has no effect with lr_schedule=paper, whose rates are "
-            "lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5): scale them with lr_factor, or use "
-            "lr_schedule=hf for transformers' schedules with learning_rate."
-        )
+    check_arguments_take_effect(given, data_args, training_args)
     return model_args, data_args, training_args
+
+
+def check_arguments_take_effect(given: dict[str, Any], data_args, training_args) -> None:
+    """A ValueError for an argument the user gave (``given``: recipe keys and flags) that this training would ignore,
+    naming what sets that value instead."""
+    if training_args.lr_schedule == "paper":
+        for name in ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs"):
+            if name in given:
+                raise ValueError(
+                    f"{name}={given[name]} has no effect with lr_schedule=paper, whose rates are "
+                    "lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5): scale them with lr_factor, "
+                    "or use lr_schedule=hf for transformers' schedules with learning_rate."
+                )
+    if "per_device_train_batch_size" in given:
+        raise ValueError(
+            f"per_device_train_batch_size={given['per_device_train_batch_size']} has no effect: training batches are "
+            f"token batches of max_tokens_per_batch tokens per side and device (now {data_args.max_tokens_per_batch}); "
+            "set that instead (per_device_eval_batch_size sets the evaluation batches)."
+        )
+    if "gradient_accumulation_steps" in given and data_args.tokens_per_update is not None:
+        raise ValueError(
+            f"gradient_accumulation_steps={given['gradient_accumulation_steps']} and tokens_per_update="
+            f"{data_args.tokens_per_update} both set the accumulation (tokens_per_update from max_tokens_per_batch and "
+            "the number of processes): give one of them."
+        )
 
 
 def given_arguments(argv: list[str]) -> dict[str, Any]:

@@ -333,9 +333,12 @@ def test_collator_and_dataloader_with_token_batches(tmp_path, tokenizer):
 
 
 @pytest.mark.slow
-def test_sampler_and_collator_plug_into_the_trainer(tmp_path, tokenizer):
+@pytest.mark.parametrize("settings", [{"seed": 5}, {"seed": 1, "data_seed": 5},
+                                      {"seed": 5, "train_sampling_strategy": "sequential"}])  # fmt: skip
+def test_sampler_and_collator_plug_into_the_trainer(tmp_path, tokenizer, settings):
     """VaswaniSeq2SeqTrainer(max_tokens_per_batch=...) trains on the sampler's batches, as they are, and sets its
-    epoch: what training uses (get_train_dataloader)."""
+    epoch: what training uses (get_train_dataloader). As transformers' samplers, the batches follow data_seed when
+    given (else seed), and train_sampling_strategy="sequential" keeps them in order."""
     from transformers import Seq2SeqTrainingArguments
 
     from vaswani_transformer.tokenization import check_tokenizer_matches_config, config_kwargs_from_tokenizer
@@ -345,7 +348,8 @@ def test_sampler_and_collator_plug_into_the_trainer(tmp_path, tokenizer):
     raw = load_parallel_dataset(train_file=str(data / "train"), cache_dir=str(tmp_path / "cache"))
     ds, _ = tokenize_parallel_dataset(raw, tokenizer, "en", "de", max_source_tokens=64, max_target_tokens=64)
     train = ds["train"].add_column("index", list(range(len(ds["train"]))))
-    sampler = TokenBatchSampler.from_dataset(train, max_tokens=64, seed=5)  # what the trainer should build
+    sequential = settings.get("train_sampling_strategy") == "sequential"
+    sampler = TokenBatchSampler.from_dataset(train, max_tokens=64, seed=5, shuffle=not sequential)  # the trainer's
     collator = TranslationDataCollator(tokenizer)
     seen = []
 
@@ -359,7 +363,7 @@ def test_sampler_and_collator_plug_into_the_trainer(tmp_path, tokenizer):
     check_tokenizer_matches_config(tokenizer, config)
     args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=2, report_to="none",
                                     save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True,
-                                    seed=5)  # fmt: skip
+                                    **settings)  # fmt: skip
     trainer = VaswaniSeq2SeqTrainer(model=VaswaniTransformerForConditionalGeneration(config), args=args,
                                     train_dataset=train, data_collator=observing_collator, max_tokens_per_batch=64)
     assert len(trainer.get_train_dataloader()) == len(sampler)
@@ -371,7 +375,7 @@ def test_sampler_and_collator_plug_into_the_trainer(tmp_path, tokenizer):
         sampler.set_epoch(epoch)
         assert batches == list(sampler)  # the Trainer set the epoch and used our batches as they are
         assert sorted(i for b in batches for i in b) == list(range(len(train)))
-    assert epoch0 != epoch1
+    assert (epoch0 == epoch1) == sequential
 
 
 def test_transformers_own_seq2seq_trainer_trains_with_the_collator_given_the_model(tmp_path, tokenizer):

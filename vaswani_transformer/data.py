@@ -529,7 +529,8 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     Training: ``VaswaniSeq2SeqTrainer(..., max_tokens_per_batch=N)`` builds it in its ``get_train_dataloader`` from
     the tokenised dataset's length columns with ``num_replicas=args.world_size``, ``rank=args.process_index`` and
-    ``seed=args.seed``, uses it as the DataLoader's ``batch_sampler`` and keeps accelerate from sharding its batches
+    ``seed=args.data_seed`` (else ``args.seed``; ``shuffle=False`` for ``train_sampling_strategy="sequential"``),
+    uses it as the DataLoader's ``batch_sampler`` and keeps accelerate from sharding its batches
     again; the Trainer calls ``set_epoch`` on it every epoch.
     """
 

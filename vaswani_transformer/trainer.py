@@ -468,7 +468,12 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
     # -- data
     def get_train_dataloader(self):
         """Token batches (:class:`~vaswani_transformer.data.TokenBatchSampler`, built from the dataset's length
-        columns) for this rank, as the DataLoader's ``batch_sampler``; the Trainer calls its ``set_epoch``."""
+        columns) for this rank, as the DataLoader's ``batch_sampler``; the Trainer calls its ``set_epoch``.
+
+        As transformers' samplers: seeded with ``data_seed`` when given (else ``seed``); ``train_sampling_strategy``
+        "sequential" keeps the batches in their length order (no shuffle); the other strategies (random,
+        group_by_length, batch_rebalance) are what token batches already do: similar lengths, equal counts per rank.
+        """
         if self.max_tokens_per_batch is None:
             return super().get_train_dataloader()
         if self.train_dataset is None:
@@ -478,7 +483,8 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             self.max_tokens_per_batch,
             num_replicas=self.args.world_size,
             rank=self.args.process_index,
-            seed=self.args.seed,
+            seed=self.args.seed if self.args.data_seed is None else self.args.data_seed,
+            shuffle=getattr(self.args, "train_sampling_strategy", "random") != "sequential",
         )
         loader = DataLoader(
             self.train_dataset,

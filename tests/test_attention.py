@@ -198,6 +198,20 @@ def test_pictures_have_the_documented_pixel_sizes(own, tmp_path):
     assert read_png(path) == (100 * (1.5 + 0.25 * max(S, T, 8)), 600)
 
 
+def test_control_characters_in_tokens_are_drawn_escaped_without_font_warnings(own, tmp_path):
+    """A byte-level token can be a control character (U+001C is even whitespace to Python): labels show it escaped,
+    "\\x1c", which every font draws, instead of a missing glyph and matplotlib's warning."""
+    import dataclasses
+    import warnings
+
+    maps = dataclasses.replace(own, source_tokens=["\x1c", "a\x01b", *own.source_tokens[2:]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot_attention(maps, tmp_path / "cross.png", "cross", 0)
+        plot_attention_lines(maps, tmp_path / "lines.png", "cross", 0, token_index=0)
+    assert not [w for w in caught if "missing from font" in str(w.message)], [str(w.message) for w in caught]
+
+
 def test_card_picture(saved, tmp_path):
     folder, model, tokenizer = saved
     path = write_card_attention_picture(model, tokenizer, CORPUS[2], tmp_path / "card.png")

@@ -361,6 +361,8 @@ def font_family() -> list[str]:
 
 
 def _label(token: str) -> str:
+    """A token as a picture's label: control characters escaped ("\\x1c": no font draws them), long ones cut."""
+    token = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in token)
     return token if len(token) <= MAX_LABEL_CHARS else token[: MAX_LABEL_CHARS - 1] + "\u2026"
 
 

@@ -389,6 +389,32 @@ def test_a_generation_config_passed_alone_stays_alone():
     assert torch.equal(output, expected)
 
 
+def test_a_source_without_attention_mask_has_its_pad_tokens_masked_as_fairseq_does():
+    """Padded source ids without `attention_mask` (transformers infers a mask for decoder-only models alone): the
+    encoder, the cross-attention and every decoding step skip the pad tokens, as fairseq's encoder does. The same
+    tokens as with the mask and as each sentence alone, the same forward logits; a source given as inputs_embeds
+    decodes as its ids."""
+    model = tiny_model(3, eos_bias=1.0)
+    inputs = random_sources(31)
+    padded = inputs["input_ids"]
+    assert (padded == PAD).any()
+    with_mask = model.generate(**inputs, max_len_b=6)
+    assert torch.equal(model.generate(input_ids=padded, max_len_b=6), with_mask)
+    assert torch.equal(model.generate(padded, max_len_b=6, num_beams=1), model.generate(**inputs, max_len_b=6, num_beams=1))
+    for row, length in enumerate(inputs["attention_mask"].sum(-1).tolist()):
+        alone = model.generate(input_ids=padded[row : row + 1, :length], max_len_b=6)
+        assert hypotheses(alone)[0] == hypotheses(with_mask)[row]
+    decoder_input_ids = with_mask[:, :4]
+    with torch.no_grad():
+        masked = model(**inputs, decoder_input_ids=decoder_input_ids).logits
+        assert torch.equal(model(input_ids=padded, decoder_input_ids=decoder_input_ids).logits, masked)
+        encoded = model.get_encoder()(input_ids=padded).last_hidden_state
+        assert torch.equal(encoded, model.get_encoder()(**inputs).last_hidden_state)
+    embeds = model.get_input_embeddings()(padded)
+    assert torch.equal(model.generate(inputs_embeds=embeds, attention_mask=inputs["attention_mask"], max_len_b=6),
+                       with_mask)  # fmt: skip
+
+
 def test_search_stops_early_when_no_running_beam_can_win():
     model = tiny_model(2, eos_bias=1.5)
     inputs = random_sources(102)

@@ -104,6 +104,14 @@ def _resolve_custom_field(name: str, kwargs: dict, generation_config, model_gene
     return PAPER_GENERATION_DEFAULTS[name]
 
 
+def source_padding_mask(input_ids: torch.Tensor | None, config) -> torch.Tensor | None:
+    """A source given without `attention_mask`: its pad tokens are padding, as fairseq's encoder always reads them
+    (transformers infers this for decoder-only models alone). None where pad and eos are one token, or no ids."""
+    if input_ids is None or config.pad_token_id is None or config.pad_token_id == config.eos_token_id:
+        return None
+    return (input_ids != config.pad_token_id).long()
+
+
 def _source_lengths(inputs, kwargs: dict, pad_token_id) -> torch.Tensor:
     """Number of real (non-padding) source tokens per sentence, from the attention mask or else the ids."""
     attention_mask = kwargs.get("attention_mask")
@@ -195,6 +203,12 @@ class VaswaniGenerationMixin(GenerationMixin):
                 generation_config, kwargs, "max_length", prompt_length + int(sentence_max_new_tokens.max())
             )
 
+        source_ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if kwargs.get("attention_mask") is None and kwargs.get("encoder_outputs") is None and torch.is_tensor(source_ids):
+            # the encoder and every decoding step's cross-attention skip the source's pad tokens (as the length rule)
+            inferred = source_padding_mask(source_ids, self.config)
+            if inferred is not None:
+                kwargs["attention_mask"] = inferred
         effective_config, _ = self._prepare_generation_config(generation_config, **kwargs)
         if (
             fields["length_penalty_type"] == "gnmt"
@@ -258,8 +272,9 @@ def _default_synced_gpus(model) -> bool:
 _SUPPORTED_MODEL_KWARGS = {"encoder_outputs", "attention_mask", "decoder_attention_mask", "cache", "use_cache"}
 # Seq2SeqTrainer passes the labels, and transformers adds logits_to_keep where a model takes it: the search reads only
 # the last position's logits and never the labels (as transformers' own beam search); output_attentions and
-# output_hidden_states come again in the generation config.
-_IGNORED_MODEL_KWARGS = ("labels", "logits_to_keep", "output_attentions", "output_hidden_states")
+# output_hidden_states come again in the generation config; a source given as inputs_embeds is already in
+# encoder_outputs (transformers leaves it among the keyword arguments).
+_IGNORED_MODEL_KWARGS = ("labels", "logits_to_keep", "output_attentions", "output_hidden_states", "inputs_embeds")
 # Logits processors and stopping criteria that look at each row on its own: finished sentences can leave the batch.
 # Others (e.g. prefix_allowed_tokens_fn, encoder_repetition_penalty) index rows by sentence: the batch stays whole.
 _ROW_INDEPENDENT = {

@@ -31,7 +31,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
-from .generation import VaswaniGenerationConfig, VaswaniGenerationMixin
+from .generation import VaswaniGenerationConfig, VaswaniGenerationMixin, source_padding_mask
 
 
 # 5.4 Dropout ---------------------------------------------------------------------------------------------------------
@@ -437,6 +437,8 @@ class VaswaniTransformerEncoder(VaswaniTransformerPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of input_ids or inputs_embeds to the encoder.")
         self._check_token_ids(input_ids, "input_ids")
+        if attention_mask is None:
+            attention_mask = source_padding_mask(input_ids, self.config)
         # With a padding mask each real token takes the position it has alone, whichever side the padding is on.
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         position_ids = positions_from_mask(attention_mask, length) if _is_padding_mask(attention_mask) else None
@@ -589,6 +591,8 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
         decoder_position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
+        if attention_mask is None:  # the decoder's cross-attention skips the source's padding too
+            attention_mask = source_padding_mask(input_ids, self.config)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs

@@ -99,6 +99,28 @@ def test_stop_strings_need_no_tokenizer_from_the_caller(saved, translation_pipel
     assert expected != plain and all("eß" in text for text in expected if text)
 
 
+def test_transformers_4_output_parameters(saved, translation_pipeline):
+    """transformers 4's translation-pipeline parameters: `clean_up_tokenization_spaces` decodes as the tokenizer does
+    with it, `return_tensors` gives the token ids (with `return_text=True` the text too); `truncation` and
+    `return_text=False` alone are errors naming what to do (they used to reach `generate` as unknown arguments)."""
+    folder, model, tokenizer = saved
+    pipe = translation_pipeline("translation", model=str(folder))
+    inputs = tokenizer(SOURCES[:3], return_tensors="pt", padding=True)
+    output = model.generate(**inputs)
+    for cleanup in (True, False):
+        expected = tokenizer.batch_decode(output, skip_special_tokens=True, clean_up_tokenization_spaces=cleanup)
+        assert texts(pipe(SOURCES[:3], batch_size=3, clean_up_tokenization_spaces=cleanup)) == expected
+    both = pipe(SOURCES[:1], return_tensors=True, return_text=True)[0]
+    ids = both["translation_token_ids"]
+    assert both["translation_text"] == tokenizer.decode(ids, skip_special_tokens=True)
+    assert torch.equal(ids, model.generate(**tokenizer(SOURCES[:1], return_tensors="pt"))[0])
+    assert set(pipe(SOURCES[:1], return_tensors=True)[0]) == {"translation_token_ids"}
+    with pytest.raises(ValueError, match="max_source_length"):
+        pipe(SOURCES[:1], truncation=True)
+    with pytest.raises(ValueError, match="nothing to return"):
+        pipe(SOURCES[:1], return_text=False)
+
+
 def test_empty_and_whitespace_sources_translate_to_empty(saved, translation_pipeline):
     folder, model, tokenizer = saved
     pipe = translation_pipeline("translation", model=str(folder))

@@ -118,7 +118,9 @@ class TranslationPipeline(Pipeline):
 
     Parameters (at construction or per call): `max_source_length` (truncate longer sources, keeping `</s>`, with a
     warning; learned-position models are always limited to `max_position_embeddings`), `strict` (raise instead of
-    truncating), `src_lang`/`tgt_lang` (default: from the task name "translation_XX_to_YY"), and any generation
+    truncating), `src_lang`/`tgt_lang` (default: from the task name "translation_XX_to_YY"), transformers 4's
+    `return_tensors`, `return_text` and `clean_up_tokenization_spaces` (its `truncation` is an error naming
+    `max_source_length`), and any generation
     parameter (`num_beams`, `length_penalty`, `length_penalty_type`, `max_len_a`, `max_len_b`, `max_new_tokens`,
     `num_return_sequences`, ...), which `generate` receives on top of the model's generation config.
 
@@ -154,8 +156,16 @@ class TranslationPipeline(Pipeline):
             )
 
     def _sanitize_parameters(
-        self, max_source_length=None, strict=None, src_lang=None, tgt_lang=None, return_tensors=None, **kwargs
-    ):
+        self, max_source_length=None, strict=None, src_lang=None, tgt_lang=None, return_tensors=None,
+        return_text=None, clean_up_tokenization_spaces=None, truncation=None, **kwargs,
+    ):  # fmt: skip
+        if truncation is not None:  # transformers 4's tokenizer flag; here the rule has its own parameters
+            raise ValueError(
+                f"truncation={truncation!r}: this pipeline cuts longer sources with max_source_length=N (tokens, "
+                "keeping </s>, with a warning naming the source) or refuses them with strict=True."
+            )
+        if return_text is False and not return_tensors:
+            raise ValueError("return_text=False without return_tensors=True leaves nothing to return.")
         preprocess_params = {}
         if max_source_length is not None:
             preprocess_params["max_source_length"] = max_source_length
@@ -167,8 +177,10 @@ class TranslationPipeline(Pipeline):
             preprocess_params["src_lang"] = src_lang
         forward_params = dict(kwargs)
         postprocess_params = {}
-        if return_tensors is not None:
-            postprocess_params["return_tensors"] = return_tensors
+        for name, value in (("return_tensors", return_tensors), ("return_text", return_text),
+                            ("clean_up_tokenization_spaces", clean_up_tokenization_spaces)):  # fmt: skip
+            if value is not None:
+                postprocess_params[name] = value
         return preprocess_params, forward_params, postprocess_params
 
     def __call__(self, inputs, *args, **kwargs):
@@ -232,13 +244,20 @@ class TranslationPipeline(Pipeline):
         output_ids = output_ids.reshape(batch_size, -1, output_ids.shape[-1])
         return {"output_ids": output_ids, "is_empty": is_empty}
 
-    def postprocess(self, model_outputs, return_tensors=False):
+    def postprocess(self, model_outputs, return_tensors=False, return_text=None, clean_up_tokenization_spaces=None):
+        """Per returned sequence `{"translation_text": ...}`, or with `return_tensors` `{"translation_token_ids":
+        ...}` (both with `return_text=True` too, as in transformers 4); `clean_up_tokenization_spaces` as in
+        `tokenizer.decode` (default: the tokenizer's)."""
         output_ids = model_outputs["output_ids"][0]
         empty = bool(model_outputs["is_empty"].reshape(-1)[0])
-        if return_tensors:
-            return [{"translation_token_ids": ids} for ids in output_ids]
-        texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
-        return [{"translation_text": "" if empty else text} for text in texts]
+        results = [{"translation_token_ids": ids} if return_tensors else {} for ids in output_ids]
+        if return_text if return_text is not None else not return_tensors:
+            cleanup = clean_up_tokenization_spaces
+            decode = {} if cleanup is None else {"clean_up_tokenization_spaces": cleanup}
+            texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=True, **decode)
+            for result, text in zip(results, texts):
+                result["translation_text"] = "" if empty else text
+        return results
 
 
 # ------------------------------------------------------------------- registration with transformers' pipeline()

@@ -179,6 +179,13 @@ class VaswaniGenerationMixin(GenerationMixin):
             for name in CUSTOM_GENERATION_FIELDS
         }
         _check_custom_fields(**fields)
+        # the encoder, every decoding step's cross-attention and the length rule skip the source's pad tokens
+        source_ids = inputs if inputs is not None else kwargs.get("input_ids")
+        given = kwargs.get("attention_mask") is not None or kwargs.get("encoder_outputs") is not None
+        if torch.is_tensor(source_ids) and not given:
+            inferred = source_padding_mask(source_ids, self.config)
+            if inferred is not None:
+                kwargs["attention_mask"] = inferred
         length_given = kwargs.get("max_length") is not None or kwargs.get("max_new_tokens") is not None
         if generation_config is not None:
             length_given |= generation_config.max_length is not None or generation_config.max_new_tokens is not None
@@ -203,12 +210,6 @@ class VaswaniGenerationMixin(GenerationMixin):
                 generation_config, kwargs, "max_length", prompt_length + int(sentence_max_new_tokens.max())
             )
 
-        source_ids = inputs if inputs is not None else kwargs.get("input_ids")
-        if kwargs.get("attention_mask") is None and kwargs.get("encoder_outputs") is None and torch.is_tensor(source_ids):
-            # the encoder and every decoding step's cross-attention skip the source's pad tokens (as the length rule)
-            inferred = source_padding_mask(source_ids, self.config)
-            if inferred is not None:
-                kwargs["attention_mask"] = inferred
         effective_config, _ = self._prepare_generation_config(generation_config, **kwargs)
         if (
             fields["length_penalty_type"] == "gnmt"

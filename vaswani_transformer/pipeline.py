@@ -251,9 +251,11 @@ class TranslationPipeline(Pipeline):
         output_ids = model_outputs["output_ids"][0]
         empty = bool(model_outputs["is_empty"].reshape(-1)[0])
         results = [{"translation_token_ids": ids} if return_tensors else {} for ids in output_ids]
-        if return_text if return_text is not None else not return_tensors:
-            cleanup = clean_up_tokenization_spaces
-            decode = {} if cleanup is None else {"clean_up_tokenization_spaces": cleanup}
+        with_text = not return_tensors if return_text is None else return_text
+        if with_text:
+            decode = {}
+            if clean_up_tokenization_spaces is not None:
+                decode["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
             texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=True, **decode)
             for result, text in zip(results, texts):
                 result["translation_text"] = "" if empty else text

@@ -43,7 +43,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import MethodType
 from typing import Any
@@ -102,11 +102,16 @@ def paper_lr_scheduler(
 PAPER_OPTIM = ("adamw_torch_fused", "adamw_torch")
 
 
+def _optim_name(args: TrainingArguments | Mapping[str, Any]) -> str:
+    """``optim`` of arguments or of their ``to_dict()`` (an enum in the one, a string in the other)."""
+    optim = args.get("optim") if isinstance(args, Mapping) else args.optim
+    return str(getattr(optim, "value", optim) or PAPER_OPTIM[0])
+
+
 def uses_paper_optimizer(args: TrainingArguments | Mapping[str, Any]) -> bool:
     """Whether ``args`` (arguments or their ``to_dict()``) train with :func:`build_optimizer`'s Adam: ``optim`` left
     at transformers' default (or set to the plain torch AdamW it names)."""
-    optim = args.get("optim") if isinstance(args, Mapping) else args.optim
-    return str(getattr(optim, "value", optim) or PAPER_OPTIM[0]) in PAPER_OPTIM
+    return _optim_name(args) in PAPER_OPTIM
 
 
 def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.optim.Optimizer:
@@ -132,8 +137,8 @@ def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.op
 def describe_optimizer(args: Mapping[str, Any]) -> str:
     """What the trainer builds from these arguments (a ``TrainingArguments.to_dict()``), in words."""
     if not uses_paper_optimizer(args):
-        optim, extra = args.get("optim"), args.get("optim_args")
-        return f"transformers' --optim {getattr(optim, 'value', optim)}" + (f" ({extra})" if extra else "")
+        extra = args.get("optim_args")
+        return f"transformers' --optim {_optim_name(args)}" + (f" ({extra})" if extra else "")
     decay = args.get("weight_decay") or 0.0
     name = f"AdamW (weight decay {decay:g}, not on biases and LayerNorms; " if decay else "Adam ("
     return f"{name}beta1 {args.get('adam_beta1'):g}, beta2 {args.get('adam_beta2'):g}, eps {args.get('adam_epsilon'):g})"
@@ -521,10 +526,8 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             inputs["decoder_input_ids"] = self.accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(
                 labels
             )
-        if model.training:  # bf16 logits straight to the loss (outputs_in_compute_dtype)
-            with outputs_in_compute_dtype(self.accelerator.unwrap_model(model)):
-                outputs = model(**inputs)
-        else:
+        # in training, bf16 logits straight to the loss (outputs_in_compute_dtype)
+        with outputs_in_compute_dtype(self.accelerator.unwrap_model(model)) if model.training else nullcontext():
             outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         summed = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.to(logits.device).flatten(), epsilon)

@@ -1,0 +1,184 @@
+"""Issue 15's means, each against the recipe's own training step, the two alternating update by update in one process.
+
+The shared 2-core host this project measures on drifts in speed by up to a third within an hour, so two settings
+timed in separate processes minutes apart can differ by more than any of these means does. Here each change is a
+second copy of the model (the same initial weights, its own fused Adam) stepped on the same Multi30k token batches as
+the recipe's step, the two alternating update by update (the recipe's step first on even updates, the changed one
+first on odd ones): drift and caches hit both alike.
+
+The recipe's step is how `configs/multi30k_cpu.yaml` trains: our model, bf16 autocast where the device multiplies
+bf16 in hardware (fp32 elsewhere) with the attention kernel `train.training_attention` picks, our dropout, the
+blocked label-smoothed loss (`trainer.label_smoothed_cross_entropy`) on logits in the compute dtype, fused Adam.
+Each row changes one thing:
+
+* `compile`: `torch.compile(model, dynamic=True)` (compiled during the untimed warm-up; its seconds are printed);
+* `attention`: the other attention kernel (SDPA where the recipe uses eager, and the reverse);
+* `bernoulli-dropout`: torch's `nn.Dropout` (`bernoulli_`) in place of ours, which draws 16 random bits per element;
+* `plain-loss`: `F.cross_entropy(logits.float(), label_smoothing=0.1)` in place of the blocked loss;
+* `fp32-logits`: the logits cast to float32 before the loss, as accelerate's mixed-precision wrapper returned them
+  before `trainer.outputs_in_compute_dtype`;
+* `bf16-model`: the model in bf16 with float32 master weights for fused Adam, no autocast.
+
+The last column is the recipe's time over the changed step's: below 1x the change is slower. On a GPU our dropout
+and loss are torch's own, so those rows are skipped there; in fp32 (no native bf16) the last two are.
+
+    python benchmarks/training_means.py                          # small model, 1024-token batches, all rows
+    python benchmarks/training_means.py --means compile attention --steps 100
+
+Needs ../shared/data/multi30k (relative to the repository root); trains (once, cached in `--cache-dir`) the recipe's
+8k BPE vocabulary.
+"""
+
+import argparse
+import copy
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from device import add_device_argument, check_device, describe, now  # noqa: E402
+from training_token_batches import attention_for, build, model_config, prepare_batches  # noqa: E402
+
+from vaswani_transformer.modeling_vaswani_transformer import Dropout  # noqa: E402
+from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory  # noqa: E402
+from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
+
+MEANS = ("compile", "attention", "bernoulli-dropout", "plain-loss", "fp32-logits", "bf16-model")
+CPU_ONLY = ("bernoulli-dropout", "plain-loss")  # elsewhere ours are torch's own dropout and cross-entropy
+BF16_ONLY = ("fp32-logits", "bf16-model")
+
+
+class Step:
+    """One model and its optimizer, and how its training step computes: `step(batch)` returns its seconds."""
+
+    def __init__(self, model, device, bf16: bool, loss: str = "blocked", fp32_logits: bool = False):
+        self.model, self.raw, self.device = model, getattr(model, "_orig_mod", model), device
+        self.autocast = bf16 and next(self.raw.parameters()).dtype == torch.float32
+        self.loss, self.fp32_logits = loss, fp32_logits
+        self.masters = None
+        if next(self.raw.parameters()).dtype == torch.bfloat16:  # a bf16 model: Adam updates float32 masters
+            self.masters = [p.detach().float() for p in self.raw.parameters()]
+        weights = self.masters or list(self.raw.parameters())
+        self.optimizer = torch.optim.Adam(weights, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+
+    def __call__(self, batch: dict) -> float:
+        start = now(self.device)
+        labels = batch["labels"]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            decoder_input_ids = self.raw.prepare_decoder_input_ids_from_labels(labels)
+            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                decoder_input_ids=decoder_input_ids).logits  # fmt: skip
+        logits = logits.float() if self.fp32_logits else logits
+        flat, targets, real = logits.flatten(0, 1), labels.flatten(), (labels != -100).sum()
+        if self.loss == "plain":
+            loss = F.cross_entropy(flat.float(), targets, ignore_index=-100, label_smoothing=0.1, reduction="sum")
+        else:
+            loss = label_smoothed_cross_entropy(flat, targets, 0.1)
+        (loss / real).backward()
+        if self.masters is not None:
+            for master, parameter in zip(self.masters, self.raw.parameters()):
+                master.grad, parameter.grad = parameter.grad.float(), None
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(list(self.raw.parameters()), self.masters)
+        return now(self.device) - start
+
+
+def with_torch_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with each of our `Dropout` modules replaced by torch's `nn.Dropout` of the same rate."""
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, Dropout):
+                setattr(module, name, torch.nn.Dropout(child.p))
+    return model
+
+
+def changed_step(means: str, config, device, bf16: bool, attention: str) -> tuple[str, Step]:
+    """(the row's description, the step with `means` applied)."""
+    model = build("ours", copy.deepcopy(config), attention).to(device).train()
+    if means == "compile":
+        return "torch.compile(model, dynamic=True)", Step(torch.compile(model, dynamic=True), device, bf16)
+    if means == "attention":
+        other = "sdpa" if attention == "eager" else "eager"
+        model = build("ours", copy.deepcopy(config), other).to(device).train()
+        return f"{other} attention instead of {attention}", Step(model, device, bf16)
+    if means == "bernoulli-dropout":
+        return "torch's nn.Dropout (bernoulli_) instead of ours", Step(with_torch_dropout(model), device, bf16)
+    if means == "plain-loss":
+        return "F.cross_entropy(logits.float()) instead of the blocked loss", Step(model, device, bf16, loss="plain")
+    if means == "fp32-logits":
+        return "logits cast to float32 before the loss", Step(model, device, bf16, fp32_logits=True)
+    if means == "bf16-model":
+        return "bf16 model, float32 master weights, no autocast", Step(model.to(torch.bfloat16), device, bf16)
+    raise ValueError(f"unknown means {means!r}; one of {MEANS}")
+
+
+def compare(recipe: Step, changed: Step, batches: list, warmup: int) -> tuple[float, float, float]:
+    """(seconds of the changed step's warm-up, mean seconds per update of the recipe's step, of the changed step)."""
+    start = time.perf_counter()
+    for batch in batches[:warmup]:
+        changed(batch)
+    warmup_seconds = time.perf_counter() - start
+    ours, theirs = [], []
+    for i, batch in enumerate(batches[warmup:]):
+        if i % 2 == 0:
+            ours.append(recipe(batch))
+            theirs.append(changed(batch))
+        else:
+            theirs.append(changed(batch))
+            ours.append(recipe(batch))
+    return warmup_seconds, statistics.fmean(ours), statistics.fmean(theirs)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--means", nargs="+", choices=MEANS, default=list(MEANS), help="rows to run")
+    parser.add_argument("--preset", default="small", help="small (the Multi30k CPU recipe's model), base or big")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="tokens per side per batch (recipe: 1024)")
+    parser.add_argument("--steps", type=int, default=80, help="timed updates of each of the two steps per row")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed updates of each step first")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--cache-dir", default=str(REPO / "runs" / "benchmark_cache"))
+    add_device_argument(parser)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = check_device(args.device)
+    if device.type == "cpu":
+        keep_freed_cpu_memory()  # as train.py does on a CPU
+    bf16 = has_native_bf16(device.type)
+    skipped = [*(CPU_ONLY if device.type != "cpu" else ()), *(BF16_ONLY if not bf16 else ())]
+    means = [m for m in args.means if m not in skipped]
+    with tempfile.TemporaryDirectory() as tmp:
+        config = model_config(args.preset, prepare_batches(args, Path(tmp)))
+        batches = [{name: tensor.to(device) for name, tensor in batch.items()}
+                   for batch in torch.load(Path(tmp) / "token.pt")]  # fmt: skip
+    attention = attention_for(bf16, device)
+    print(f"{args.preset} model (d_model {config.d_model}, {config.encoder_layers}+{config.decoder_layers} layers, "
+          f"vocabulary {config.vocab_size}), the recipe's step: {'bf16 autocast' if bf16 else 'fp32'}, {attention} "
+          f"attention; {args.warmup} untimed + {args.steps} timed updates of each step per row, alternating, on the "
+          f"same Multi30k token batches of <= {args.max_tokens} tokens; {describe(device)}")
+    print("| change | ms / update, changed | ms / update, the recipe's step | speed vs the recipe's step | warm-up s |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in means:
+        recipe = Step(build("ours", copy.deepcopy(config), attention).to(device).train(), device, bf16)
+        for batch in batches[: args.warmup]:
+            recipe(batch)
+        label, changed = changed_step(name, config, device, bf16, attention)
+        warmup, ours, theirs = compare(recipe, changed, batches, args.warmup)
+        print(f"| {label} | {1000 * theirs:.0f} | {1000 * ours:.0f} | {ours / theirs:.2f}x | {warmup:.0f} |",
+              flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from device import add_device_argument, check_device, describe, now  # noqa: E402
-from training_token_batches import attention_for, build, model_config, prepare_batches  # noqa: E402
+from training_token_batches import attention_for, build, model_config, optimizer_step, prepare_batches  # noqa: E402
 
 from vaswani_transformer.modeling_vaswani_transformer import Dropout  # noqa: E402
 from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory  # noqa: E402
@@ -82,14 +82,7 @@ class Step:
         else:
             loss = label_smoothed_cross_entropy(flat, targets, 0.1)
         (loss / real).backward()
-        if self.masters is not None:
-            for master, parameter in zip(self.masters, self.raw.parameters()):
-                master.grad, parameter.grad = parameter.grad.float(), None
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.masters is not None:
-            with torch.no_grad():
-                torch._foreach_copy_(list(self.raw.parameters()), self.masters)
+        optimizer_step(self.raw, self.optimizer, self.masters)
         return now(self.device) - start
 
 
@@ -104,12 +97,11 @@ def with_torch_dropout(model: torch.nn.Module) -> torch.nn.Module:
 
 def changed_step(means: str, config, device, bf16: bool, attention: str) -> tuple[str, Step]:
     """(the row's description, the step with `means` applied)."""
-    model = build("ours", copy.deepcopy(config), attention).to(device).train()
+    other = "sdpa" if attention == "eager" else "eager"
+    model = build("ours", copy.deepcopy(config), other if means == "attention" else attention).to(device).train()
     if means == "compile":
         return "torch.compile(model, dynamic=True)", Step(torch.compile(model, dynamic=True), device, bf16)
     if means == "attention":
-        other = "sdpa" if attention == "eager" else "eager"
-        model = build("ours", copy.deepcopy(config), other).to(device).train()
         return f"{other} attention instead of {attention}", Step(model, device, bf16)
     if means == "bernoulli-dropout":
         return "torch's nn.Dropout (bernoulli_) instead of ours", Step(with_torch_dropout(model), device, bf16)

@@ -104,6 +104,18 @@ def build(kind: str, config: VaswaniTransformerConfig, attention: str) -> torch.
     return MarianMTModel(marian)
 
 
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, masters: list | None) -> None:
+    """One Adam update; with float32 `masters` of a bf16 model, their gradients in and the updated weights out."""
+    if masters is not None:
+        for master, parameter in zip(masters, model.parameters()):
+            master.grad, parameter.grad = parameter.grad.float(), None
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if masters is not None:
+        with torch.no_grad():
+            torch._foreach_copy_(list(model.parameters()), masters)
+
+
 def child(args) -> None:
     """Time one (model, batches, precision) setting in this fresh process; print a JSON line."""
     from transformers.models.marian.modeling_marian import shift_tokens_right
@@ -148,14 +160,7 @@ def child(args) -> None:
         else:
             loss = smoother({"logits": logits}, labels)
         loss.backward()
-        if masters is not None:  # float32 master weights: their gradients in, the updated weights out
-            for master, parameter in zip(masters, model.parameters()):
-                master.grad, parameter.grad = parameter.grad.float(), None
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if masters is not None:
-            with torch.no_grad():
-                torch._foreach_copy_(list(model.parameters()), masters)
+        optimizer_step(model, optimizer, masters)
         if step >= args.warmup:  # warm-up steps are not timed
             seconds += now(device) - start
             target_tokens = int(real.sum())

@@ -7,8 +7,8 @@
 
 Runs `scripts/train.py configs/multi30k_cpu.yaml` in a subprocess (so the training is exactly the documented
 command), then prints a table: updates, tokens, wall time, throughput and sacreBLEU / chrF on test_2016_flickr
-(beam 4, alpha 0.6: the model's default generation config, on the average of the recipe's last 8 checkpoints, or on
-the final weights where the recipe averages none),
+(beam 4, alpha 0.6: the model's default generation config, or the alpha the recipe chose on validation; on the
+average of the recipe's last 8 checkpoints, or on the final weights where the recipe averages none),
 and validation sacreBLEU (the set to choose settings on), and writes a learning-curve plot next to the run. Target:
 sacreBLEU >= 36.5 (HF MarianMT of the same size, 25 minutes, standard recipe: 33.6). Needs ../shared/data/multi30k
 (relative to the repository root).
@@ -16,7 +16,11 @@ sacreBLEU >= 36.5 (HF MarianMT of the same size, 25 minutes, standard recipe: 33
 `--time_to_bleu 36.5` keeps every checkpoint and then finds the first one whose average with the (up to 8) checkpoints
 before it reaches that test sacreBLEU: minutes from the command's start to that checkpoint's write. It bisects over
 the checkpoints (test BLEU of the running average grows with training: a handful of evaluations instead of one per
-checkpoint) and prints every point it evaluated.
+checkpoint) and prints every point it evaluated. Where the recipe has a `length_penalty_grid`, each average is
+decoded with the alpha its validation score chooses, as the recipe's own model is.
+
+Where the recipe chooses the length penalty on the validation set (`length_penalty_grid`), the table shows the
+alpha chosen, the validation score of each, and the minutes until the chosen one was saved.
 """
 
 import argparse
@@ -45,15 +49,29 @@ def validation_scores(recipe: Path, model_dir: Path) -> str:
     return f"{report['sacrebleu']:.2f} ({report['chrf']:.2f})"
 
 
+def length_penalty_rows(record: dict | None, tested: Path, start: float) -> list[tuple]:
+    """The recipe's `length_penalty_grid` choice: validation sacreBLEU per alpha, the chosen one, and when the tested
+    model's generation config held it (minutes from the command's start: training plus the validation decodes)."""
+    if not record:
+        return [("length penalty (alpha)", "the model's (0.6, the paper's)")]
+    scores = ", ".join(f"{alpha}: {bleu:.2f}" for alpha, bleu in record["validation_bleu"].items())
+    ready = ((tested / "generation_config.json").stat().st_mtime - start) / 60
+    return [
+        ("length penalty (alpha) chosen on validation", f"{record['chosen']} (validation sacreBLEU {scores})"),
+        ("minutes from the command's start to the chosen alpha", round(ready, 1)),
+    ]
+
+
 def time_to_bleu(run: Path, start: float, target: float, recipe: Path, num_last: int = 8) -> list[tuple]:
     """(minutes, step, test sacreBLEU) of the checkpoints evaluated by bisection for the first whose average with the
     `num_last - 1` before it reaches `target`; the last row is that checkpoint (or the final one, when never)."""
     from vaswani_transformer.checkpoints import average_checkpoints, checkpoint_problem, find_checkpoints
-    from vaswani_transformer.evaluation import evaluate_model
+    from vaswani_transformer.evaluation import choose_length_penalty, evaluate_model
     from vaswani_transformer.train import load_recipe
 
     values = load_recipe(recipe)
     prefix, source, target_lang = REPO / values["test_file"], values["source_lang"], values["target_lang"]
+    validation, grid = REPO / values["validation_file"], values.get("length_penalty_grid")
     checkpoints = [c for c in find_checkpoints(run) if checkpoint_problem(c) is None]
     scores: dict[int, float] = {}
 
@@ -61,10 +79,16 @@ def time_to_bleu(run: Path, start: float, target: float, recipe: Path, num_last:
         if i not in scores:
             folder = run / "time_to_bleu" / checkpoints[i].name
             average_checkpoints(checkpoints[max(0, i - num_last + 1) : i + 1], None, folder)
+            decoding, chosen = {}, ""
+            if grid:  # the recipe's length_penalty_grid: alpha chosen on validation for this average too
+                alpha = choose_length_penalty(lambda a: evaluate_model(
+                    folder, f"{validation}.{source}", f"{validation}.{target_lang}", source_lang=source,
+                    target_lang=target_lang, decoding={"length_penalty": a})["sacrebleu"], grid)["chosen"]  # fmt: skip
+                decoding, chosen = {"length_penalty": alpha}, f" (alpha {alpha})"
             report = evaluate_model(folder, f"{prefix}.{source}", f"{prefix}.{target_lang}", source_lang=source,
-                                    target_lang=target_lang)  # fmt: skip
+                                    target_lang=target_lang, decoding=decoding)  # fmt: skip
             scores[i] = report["sacrebleu"]
-            print(f"  {minutes(i):6.1f} min  {checkpoints[i].name}: test sacreBLEU {scores[i]:.2f}", flush=True)
+            print(f"  {minutes(i):6.1f} min  {checkpoints[i].name}: test sacreBLEU {scores[i]:.2f}{chosen}", flush=True)
         return scores[i]
 
     def minutes(i: int) -> float:
@@ -130,6 +154,7 @@ def main() -> None:
         ("averaged checkpoints", "yes" if result.get("averaged_model") else "no"),
         ("minutes from the command's start to the tested model", round(ready, 1)),
         ("validation sacreBLEU (chrF)", validation),
+        *length_penalty_rows(result.get("length_penalty"), tested, start),
         ("test_2016_flickr sacreBLEU", round(test.get("test_bleu", float("nan")), 2)),
         ("test_2016_flickr chrF", round(test.get("test_chrf", float("nan")), 2)),
         ("target (sacreBLEU)", ">= 36.5"),

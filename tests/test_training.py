@@ -752,8 +752,10 @@ def test_shipped_recipes_parse(recipe, monkeypatch):
     assert data_args.source_lang or data_args.synthetic_task
     parse_config_overrides(model_args.config_overrides)
     VaswaniTransformerConfig.from_preset(model_args.preset, **parse_config_overrides(model_args.config_overrides))
-    # The paper's schedule everywhere but the short Multi30k recipe, which anneals to 0 for a budget of updates.
-    assert training_args.lr_schedule == ("hf" if recipe == "multi30k_cpu_short.yaml" else "paper")
+    # The paper's schedule everywhere but the short Multi30k recipes, which anneal to 0 for a budget of updates.
+    short = recipe in ("multi30k_cpu_short.yaml", "multi30k_cpu_12min.yaml")
+    assert training_args.lr_schedule == ("hf" if short else "paper")
+    assert (data_args.length_penalty_grid is not None) == short  # alpha chosen on validation where the budget is short
     assert training_args.adam_beta2 == 0.98
 
 
@@ -793,3 +795,77 @@ def test_synthetic_tasks(tmp_path):
         generate_pairs("sort", {"train": 1})
     with pytest.raises(ValueError, match="only 10 distinct"):
         generate_pairs("numbers", {"train": 6}, max_number=9)
+
+
+def test_length_penalty_chosen_on_validation_set(tmp_path):
+    """`VaswaniSeq2SeqTrainer.choose_length_penalty` decodes the validation set with each alpha (`predict`) and keeps
+    the best sacreBLEU in the model's generation config. The references are the model's own beam-4 translations with
+    alpha 3, which alpha 0 changes for 2 of the 6 sentences: alpha 3 must win with 100, and each score must be what
+    `evaluate_model` gives independently with that alpha."""
+    from datasets import Dataset
+
+    from vaswani_transformer.data import TranslationDataCollator
+    from vaswani_transformer.evaluation import evaluate_model, make_compute_metrics
+
+    tokenizer = helpers.tiny_tokenizer()
+    model = helpers.tiny_translation_model(tokenizer, seed=22, init_std=0.02, scale_embedding=True)
+    model.generation_config.max_len_a, model.generation_config.max_len_b = 0, 12
+    references = helpers.generate_texts(model, tokenizer, helpers.SOURCES, length_penalty=3.0)
+    changed = helpers.generate_texts(model, tokenizer, helpers.SOURCES, length_penalty=0.0)
+    assert sum(a != b for a, b in zip(references, changed)) == 2  # the fixture: alpha changes some translations
+    validation = Dataset.from_dict({
+        "input_ids": [tokenizer(s).input_ids for s in helpers.SOURCES],
+        "labels": [tokenizer(r).input_ids for r in references],
+    })  # fmt: skip
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none",
+                                    per_device_eval_batch_size=4, disable_tqdm=True)  # fmt: skip
+    trainer = VaswaniSeq2SeqTrainer(model=model, args=args, data_collator=TranslationDataCollator(tokenizer),
+                                    processing_class=tokenizer, compute_metrics=make_compute_metrics(tokenizer, "de"))
+    record = trainer.choose_length_penalty(validation, [0.0, 3.0])
+    assert record["chosen"] == 3.0 and record["default"] == 0.6
+    assert model.generation_config.length_penalty == 3.0
+    assert record["validation_bleu"][3.0] == pytest.approx(100.0)
+    for alpha, score in record["validation_bleu"].items():
+        independent = evaluate_model(model, helpers.SOURCES, references, tokenizer=tokenizer, target_lang="de",
+                                     decoding={"length_penalty": alpha})["sacrebleu"]  # fmt: skip
+        assert score == pytest.approx(independent), alpha
+    assert 0.0 < record["validation_bleu"][0.0] < 100.0  # sacreBLEU 47.9: alpha made a measurable difference
+
+
+def test_choose_length_penalty_rule():
+    """The best score wins; on a tie the first value listed (the paper's 0.6 first keeps it); each value is scored
+    once; no values is an error."""
+    from vaswani_transformer.evaluation import choose_length_penalty
+
+    calls = []
+
+    def score(alpha):
+        calls.append(alpha)
+        return {0.6: 30.0, 1.0: 31.5, 1.4: 31.5}[alpha]
+
+    assert choose_length_penalty(score, [0.6, 1.4, 1.0, 0.6]) == {
+        "chosen": 1.4, "validation_bleu": {0.6: 30.0, 1.4: 31.5, 1.0: 31.5}
+    }  # fmt: skip
+    assert calls == [0.6, 1.4, 1.0]
+    assert choose_length_penalty(lambda alpha: 0.0, [0.6, 1.0])["chosen"] == 0.6
+    with pytest.raises(ValueError, match="at least one length penalty"):
+        choose_length_penalty(score, [])
+
+
+def test_length_penalty_grid_in_a_training_run(tmp_path):
+    """`--length_penalty_grid` after training and averaging: the chosen alpha goes into the averaged (tested) model's
+    generation_config.json and the run's results; the tiny run's translations score 0 for every alpha, so the first
+    listed wins. Without a validation set it is an error before any training."""
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out = tmp_path / "out"
+    result = run_from_args(tiny_args(data, out, "--max_steps", "2", "--save_steps", "2", "--average_last_checkpoints",
+                                     "1", "--length_penalty_grid", "1.5", "0.6"))  # fmt: skip
+    record = result["length_penalty"]
+    assert list(record["validation_bleu"]) == [1.5, 0.6] and record["chosen"] == 1.5
+    assert json.loads((out / "averaged" / "generation_config.json").read_text())["length_penalty"] == 1.5
+    assert json.loads((out / "training_summary.json").read_text())["length_penalty"]["chosen"] == 1.5
+    no_validation = [a for a in tiny_args(data, tmp_path / "out2", "--length_penalty_grid", "1.0")
+                     if a not in ("--validation_file", str(data / "valid"))]  # fmt: skip
+    with pytest.raises(ValueError, match="length_penalty_grid=\\[1.0\\] chooses alpha by validation BLEU"):
+        run_from_args(no_validation)
+    assert not (tmp_path / "out2").exists() or not list((tmp_path / "out2").glob("checkpoint-*"))

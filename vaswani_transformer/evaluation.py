@@ -9,6 +9,7 @@ language's rules, ##AT## compound splitting for German targets, and multi-bleu.p
 - `make_compute_metrics(tokenizer, target_lang)`: `compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`.
 - `evaluate_model(model_or_path, sources, references, ...)`: translate a test set and write the JSON report
   that the model card reads (`evaluation_report` builds it from hypotheses alone).
+- `choose_length_penalty(score, values)`: the length penalty with the best validation score, as the paper chose its.
 - `main(argv)`: the command line `vaswani-evaluate` (also `scripts/evaluate_model.py`).
 """
 
@@ -348,6 +349,22 @@ def evaluate_model(
     )
 
 
+def choose_length_penalty(score: Callable[[float], float], values: Sequence[float]) -> dict[str, Any]:
+    """The paper's choice of the length penalty on the development set ("beam size 4 and length penalty alpha = 0.6
+    ... chosen after experimentation on the development set"): `score(alpha)` (validation sacreBLEU of the model
+    decoded with that alpha) for each of `values`; the best wins, the first listed on a tie.
+
+    Returns ``{"chosen": alpha, "validation_bleu": {alpha: score, ...}}``.
+    """
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("choose_length_penalty needs at least one length penalty to try.")
+    scores: dict[float, float] = {}
+    for value in dict.fromkeys(values):  # each value decoded once
+        scores[value] = float(score(value))
+    return {"chosen": max(scores, key=scores.__getitem__), "validation_bleu": scores}
+
+
 # ------------------------------------------------------------------------------------------------ command line
 
 CLI_DESCRIPTION = """Translate a test set and report sacreBLEU (with signature), chrF and the paper's tokenized BLEU as JSON.
@@ -457,6 +474,7 @@ def main(argv=None) -> int:
 
 
 __all__ = [
+    "choose_length_penalty",
     "compute_translation_metrics",
     "decoding_settings",
     "evaluate_model",

@@ -150,6 +150,12 @@ class DataTrainingArguments:
     average_last_checkpoints: int = field(
         default=0, metadata={"help": "After training, average the last N checkpoints (paper: 5 base, 20 big)."}
     )
+    length_penalty_grid: list[float] | None = field(
+        default=None,
+        metadata={"help": "After training (and averaging), decode the validation set with each of these length "
+                  "penalties (alpha of the paper's beam search) and keep the best sacreBLEU in the tested model's "
+                  "generation config, as the paper chose its alpha 0.6 on the development set. E.g. 0.6 0.8 1.0 1.2."},
+    )
     num_translation_examples: int = field(default=5, metadata={"help": "Test translations printed at the end."})
 
 
@@ -498,6 +504,11 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
 
     with training_args.main_process_first(desc="preparing the data"):
         raw = _prepare_data(model_args, data_args, training_args)
+    if data_args.length_penalty_grid and ("validation" not in raw or not training_args.predict_with_generate):
+        raise ValueError(
+            f"length_penalty_grid={data_args.length_penalty_grid} chooses alpha by validation BLEU: it needs a "
+            "validation set (--validation_file, or a dataset with a validation split) and predict_with_generate."
+        )
     tokenizer = _load_tokenizer(model_args, data_args, training_args, raw)
     model = _load_model(model_args, tokenizer, training_attention(model_args, training_args))
     check_tokenizer_matches_config(tokenizer, model.config)  # before any training
@@ -553,6 +564,7 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                 print(f"Training cost: {cost['training_flops']:.3g} model FLOPs (forward + backward, "
                       f"{cost['model_flops_per_target_token']:.3g} per target token; vaswani_transformer.flops)",
                       flush=True)
+    tested_dir = training_args.output_dir  # the folder of the model the test set scores
     if data_args.average_last_checkpoints > 0:
         if trainer.is_world_process_zero():
             result["averaged_model"] = average_last_checkpoints(training_args.output_dir,
@@ -562,6 +574,16 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
         if os.path.isdir(averaged_dir):  # absent on a node that does not share rank 0's file system
             averaged_model = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)
             trainer.model = trainer.model_wrapped = averaged_model.to(trainer.args.device)
+            tested_dir = averaged_dir
+    if data_args.length_penalty_grid:
+        record = trainer.choose_length_penalty(tokenized["validation"], data_args.length_penalty_grid)
+        result["length_penalty"] = record
+        if trainer.is_world_process_zero():
+            if Path(tested_dir, "config.json").is_file():  # the tested model's folder decodes with the chosen alpha
+                trainer.accelerator.unwrap_model(trainer.model).generation_config.save_pretrained(tested_dir)
+            scores = ", ".join(f"{a:g}: {b:.2f}" for a, b in record["validation_bleu"].items())
+            print(f"Length penalty chosen on the validation set: {record['chosen']:g} (validation sacreBLEU {scores})",
+                  flush=True)
     if training_args.do_eval and "validation" in tokenized:
         result["eval"] = trainer.evaluate(metric_key_prefix="eval")
     if training_args.do_predict and "test" in tokenized:

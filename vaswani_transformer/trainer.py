@@ -58,6 +58,7 @@ from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .checkpoints import find_last_complete_checkpoint
 from .data import TokenBatchSampler
+from .evaluation import choose_length_penalty
 from .hub import write_model_card
 
 logger = logging.getLogger(__name__)
@@ -642,6 +643,25 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
                 with self.compute_loss_context_manager():
                     loss = self.compute_loss(model, dict(inputs)).detach()
         return loss, generated, labels
+
+    def choose_length_penalty(self, dataset, values) -> dict[str, Any]:
+        """Decode `dataset` (the validation split) with each length penalty (alpha) of `values` and keep the one with
+        the best sacreBLEU in the model's generation config: `evaluation.choose_length_penalty`, the paper's choice on
+        the development set. The decoding is `predict`'s, the test score's own. Returns that function's record plus
+        the alpha before (``"default"``)."""
+        if self.compute_metrics is None or not self.args.predict_with_generate:
+            raise ValueError("Choosing the length penalty needs BLEU of generated translations: predict_with_generate "
+                             "and compute_metrics.")
+        model = self.accelerator.unwrap_model(self.model)
+        default = model.generation_config.length_penalty
+
+        def score(value: float) -> float:
+            metrics = self.predict(dataset, metric_key_prefix="validation", length_penalty=value).metrics
+            return metrics["validation_bleu"]
+
+        record = choose_length_penalty(score, values)
+        model.generation_config.length_penalty = record["chosen"]
+        return {**record, "default": default}
 
     def create_model_card(self, *args, **kwargs):
         """The project's card, pipeline code and generation config in ``output_dir`` (``hub.write_model_card``)."""

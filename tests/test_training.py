@@ -869,3 +869,36 @@ def test_length_penalty_grid_in_a_training_run(tmp_path):
     with pytest.raises(ValueError, match="length_penalty_grid=\\[1.0\\] chooses alpha by validation BLEU"):
         run_from_args(no_validation)
     assert not (tmp_path / "out2").exists() or not list((tmp_path / "out2").glob("checkpoint-*"))
+
+
+def test_gradient_norm_logged_without_computing_it_every_update(tmp_path):
+    """Without clipping, the gradient norm is computed only for the updates the log shows (first, every 2nd): the log
+    has it at updates 1, 2 and 4 with the values that a run whose clipping computes it anyway (max_grad_norm 1e9,
+    which scales the gradients by exactly 1) logs. The hook is transformers' `Trainer._get_grad_norm`: if it is
+    renamed, this test says so."""
+    from transformers import Trainer
+
+    assert "_get_grad_norm" in vars(Trainer)  # the private hook VaswaniSeq2SeqTrainer overrides
+    data = write_fixture(tmp_path / "data", n_train=60)
+    logs = {}
+    for name, extra in (("lazy", ()), ("clipped", ("--max_grad_norm", "1e9"))):
+        out = tmp_path / name
+        run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_strategy", "no", "--logging_steps", "2", *extra))
+        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+        logs[name] = {h["step"]: h["grad_norm"] for h in history if "loss" in h}
+    assert sorted(logs["lazy"]) == [1, 2, 4]
+    assert logs["lazy"] == pytest.approx(logs["clipped"], rel=1e-6) and all(v > 0 for v in logs["lazy"].values())
+
+
+def test_floating_point_ops_is_transformers_estimate():
+    """`VaswaniSeq2SeqTrainer.floating_point_ops` (the parameter count kept) gives transformers' own estimate, and a
+    new model (another size) is counted anew."""
+    from transformers import Trainer
+
+    args = VaswaniTrainingArguments(output_dir="unused", use_cpu=True, report_to="none")
+    trainer = VaswaniSeq2SeqTrainer(model=tiny_model(), args=args)
+    inputs = {"input_ids": torch.ones(3, 7, dtype=torch.long), "labels": torch.ones(3, 5, dtype=torch.long)}
+    assert trainer.floating_point_ops(inputs) == Trainer.floating_point_ops(trainer, inputs) > 0
+    trainer.model = helpers.tiny_model(d_ff=128)
+    assert trainer.floating_point_ops(inputs) == Trainer.floating_point_ops(trainer, inputs)
+    assert trainer.floating_point_ops({"labels": inputs["labels"]}) == 0

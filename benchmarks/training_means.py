@@ -78,10 +78,10 @@ class Step:
         logits = logits.float() if self.fp32_logits else logits
         flat, targets, real = logits.flatten(0, 1), labels.flatten(), (labels != -100).sum()
         if self.loss == "plain":
-            loss = F.cross_entropy(flat.float(), targets, ignore_index=-100, label_smoothing=0.1, reduction="sum")
+            loss = F.cross_entropy(flat.float(), targets, ignore_index=-100, label_smoothing=0.1, reduction="sum") / real
         else:
-            loss = label_smoothed_cross_entropy(flat, targets, 0.1)
-        (loss / real).backward()
+            loss = label_smoothed_cross_entropy(flat, targets, 0.1, 1 / real)
+        loss.backward()
         optimizer_step(self.raw, self.optimizer, self.masters)
         return now(self.device) - start
 

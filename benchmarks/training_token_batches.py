@@ -156,7 +156,7 @@ def child(args) -> None:
                            decoder_input_ids=decoder_inputs).logits  # fmt: skip
         real = labels != -100
         if kind == "ours":
-            loss = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.flatten(), 0.1) / real.sum()
+            loss = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.flatten(), 0.1, 1 / real.sum())
         else:
             loss = smoother({"logits": logits}, labels)
         loss.backward()

@@ -209,6 +209,14 @@ def test_blocked_label_smoothed_cross_entropy_equals_the_float64_formula_with_it
     tolerance = dict(atol=1e-6, rtol=0) if dtype == torch.float32 else dict(atol=2e-3, rtol=1e-2)
     torch.testing.assert_close(logits.grad.double(), exact.grad, **tolerance)
     assert torch.all(logits.grad[[0, 28, 29, 69]] == 0)
+    # a scale (as the trainer's 1 / target tokens) folded into the gradient before rounding, upstream gradient 1
+    logits.grad = None
+    scaled = label_smoothed_cross_entropy(logits, labels, epsilon, scale=1 / 66)
+    scaled.backward()
+    assert scaled.item() == pytest.approx(formula.item() / 66, rel=1e-6)
+    torch.testing.assert_close(logits.grad.double(), exact.grad / 33, **tolerance)
+    # no gradient wanted (evaluation): the same loss
+    assert label_smoothed_cross_entropy(logits.detach(), labels, epsilon).item() == pytest.approx(loss.item(), rel=1e-6)
 
 
 def test_labels_are_shifted_by_the_model_alone_with_the_same_loss_and_gradients(tmp_path):
@@ -260,7 +268,8 @@ def test_bf16_training_step_gives_the_loss_bf16_logits_with_the_same_loss_and_gr
         else:  # the loss on the float32 logits accelerate's wrapper returns
             logits = model(**{k: v for k, v in inputs.items() if k != "labels"},
                            decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels)).logits  # fmt: skip
-            loss = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.flatten(), 0.1) / (labels != -100).sum()
+            loss = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.flatten(), 0.1,
+                                                1 / (labels != -100).sum())  # as the trainer scales it
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     assert seen == [torch.bfloat16, torch.float32]

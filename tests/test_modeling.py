@@ -1,5 +1,6 @@
 """The model against the paper's equations and against independent float64 references."""
 
+import contextlib
 import math
 import warnings
 
@@ -660,3 +661,115 @@ def test_cpu_dropout_drops_each_element_with_probability_p_and_scales_the_rest(p
     assert torch.equal(dropout(x.detach()), y.detach())
     assert torch.equal(dropout.eval()(x.detach()), x.detach())
     assert Dropout(p).train()(torch.ones(3, 5, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+# --- linear maps: oneDNN on packed weights while generating on a CPU -----------------------------------------------
+
+onednn = pytest.mark.skipif(
+    not __import__("vaswani_transformer.modeling_vaswani_transformer", fromlist=["x"])._HAS_ONEDNN_LINEAR,
+    reason="this torch has no oneDNN linear",
+)
+
+
+@contextlib.contextmanager
+def plain_products():
+    """torch's own product everywhere (mkldnn off): the path autograd, GPUs and compiled graphs take."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns about TF32 on Intel GPUs whenever the flags are set
+        with torch.backends.mkldnn.flags(enabled=False):
+            yield
+
+
+@onednn
+def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_second_use_until_the_block_ends():
+    """Inside `packed_cpu_weights`, under no_grad: the first call multiplies as stored, later ones on one packed copy;
+    each equals x W^T + b in float64, for an empty batch, a few rows, a 3-D and a non-contiguous input, in float32 and
+    bf16. Outside the block, with autograd on, under autocast, or for a weight under 512 x 512, nothing is packed."""
+    from vaswani_transformer.modeling_vaswani_transformer import _PACKED_WEIGHTS, Linear, packed_cpu_weights
+
+    torch.manual_seed(0)
+    linear = Linear(512, 520)
+    inputs = [torch.randn(4, 512), torch.randn(0, 512), torch.randn(3, 5, 512), torch.randn(512, 6).t()]
+    dtypes = [torch.float32, *([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])]
+    for dtype in dtypes:
+        linear.to(dtype)
+        w, b = linear.weight.detach().double(), linear.bias.detach().double()
+        with torch.no_grad(), packed_cpu_weights():
+            packs = _PACKED_WEIGHTS.get()
+            for i, x in enumerate(inputs):
+                y = linear(x.to(dtype))
+                assert (packs[linear] is False) == (i == 0)  # packed from the second call on
+                if i == 1:
+                    packed = packs[linear]
+                assert i < 2 or packs[linear] is packed  # once
+                tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+                reference = x.to(dtype).double() @ w.T + b
+                torch.testing.assert_close(y.double(), reference, rtol=tolerance, atol=tolerance)
+        assert _PACKED_WEIGHTS.get() is None
+
+    small = Linear(256, 256)
+    with torch.no_grad(), packed_cpu_weights():
+        x = torch.randn(4, 256)
+        torch.testing.assert_close(small(x), small(x))
+        assert not _PACKED_WEIGHTS.get()
+
+    linear.float()
+    x = torch.randn(7, 512)
+    with packed_cpu_weights():
+        for _ in range(2):
+            linear(x).square().sum().backward()  # autograd on: torch's product, with gradients
+        assert linear.weight.grad.abs().sum() > 0 and not _PACKED_WEIGHTS.get()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            assert all(linear(x).dtype == torch.bfloat16 for _ in range(2))
+        assert not _PACKED_WEIGHTS.get()
+
+
+@onednn
+def test_generate_on_packed_weights_gives_the_plain_paths_tokens_and_follows_every_kind_of_weight_update():
+    """`generate` packs the decoder's weights (each used once per step) and gives the tokens and scores of torch's
+    own product (mkldnn off); after each way of changing weights that torch does not count as a change to the
+    parameter (a fused Adam step, `.data.copy_`), the next `generate` follows the new weights."""
+    from vaswani_transformer.modeling_vaswani_transformer import _PACKED_WEIGHTS, Linear
+
+    # every weight at least 512 x 512, as packing asks
+    model = tiny_model(seed=3, dropout=0.1, d_model=512, d_ff=512, vocab_size=512, encoder_layers=1, decoder_layers=1)
+    source, target = random_ids(3, 7, seed=4), random_ids(3, 6, seed=5)
+    packed = []
+    original = Linear.forward
+
+    def spy(self, x):  # which layers are packed when the decoding ends
+        packs = _PACKED_WEIGHTS.get()
+        if self is model.lm_head and packs:
+            packed[:] = [name for name, module in model.named_modules() if torch.is_tensor(packs.get(module))]
+        return original(self, x)
+
+    Linear.forward = spy
+    try:
+        model.generate(input_ids=source, num_beams=4, max_new_tokens=8, suppress_tokens=[2])
+    finally:
+        Linear.forward = original
+    assert "lm_head" in packed and "model.decoder.layers.0.feed_forward.w1" in packed, packed
+    assert "model.decoder.layers.0.encoder_attn.q_proj" in packed  # every step; its keys and values once, not packed
+    assert not any(name.startswith("model.encoder.") or "encoder_attn.k_proj" in name or "encoder_attn.v_proj" in name
+                   for name in packed), packed  # fmt: skip
+
+    def decode():
+        settings = dict(num_beams=4, max_new_tokens=8, suppress_tokens=[2], output_scores=True,
+                        return_dict_in_generate=True)  # fmt: skip
+        out = model.generate(input_ids=source, **settings)
+        with plain_products():
+            plain = model.generate(input_ids=source, **settings)
+        assert torch.equal(out.sequences, plain.sequences)
+        torch.testing.assert_close(out.sequences_scores, plain.sequences_scores, rtol=1e-4, atol=1e-4)  # float32 sums
+        return out.sequences
+
+    before = decode()
+    model.train()
+    model(input_ids=source, labels=target).loss.backward()
+    torch.optim.Adam(model.parameters(), lr=0.5, fused=True).step()  # leaves every parameter's _version as it was
+    model.eval()
+    after_adam = decode()
+    for parameter in model.parameters():
+        parameter.data.copy_(torch.randn_like(parameter))  # as EMA and averaging code does; no version change either
+    after_copy = decode()
+    assert not torch.equal(before, after_adam) and not torch.equal(after_adam, after_copy)

@@ -24,6 +24,7 @@ from .modeling_vaswani_transformer import (
     VaswaniTransformerForConditionalGeneration,
     VaswaniTransformerModel,
     VaswaniTransformerPreTrainedModel,
+    packed_cpu_weights,
     sinusoidal_position_encoding,
 )
 from .pipeline import TranslationPipeline, register_translation_pipeline
@@ -50,6 +51,7 @@ __all__ = [
     "VaswaniTransformerPreTrainedModel",
     "available_presets",
     "gnmt_length_penalty",
+    "packed_cpu_weights",
     "paper_beam_search",
     "preset_training_arguments",
     "register_translation_pipeline",

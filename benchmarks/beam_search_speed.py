@@ -5,7 +5,8 @@ time is its best of `--repeats`: this process's CPU time on a CPU, synchronised 
 
 MarianMTModel gets exactly our random weights (`marian_with_the_same_weights`: same post-LN layers, ReLU, scaled
 shared embeddings, the hidden dimension permuted for Marian's sines-then-cosines layout; checked on logits), so the
-two compute the same function: d_model 256, 3 + 3 layers, 4 heads, d_ff 1024, shared vocabulary of 8000. They
+two compute the same function: d_model 256, 3 + 3 layers, 4 heads, d_ff 1024, shared vocabulary of 8000 (`--preset
+base` or `big`: the paper's sizes, vocabulary `--vocab-size`). They
 decode the same batch of random sources (~20 tokens) with beam 4, length penalty 0.6, in two scenarios:
 
 * fixed: </s> is suppressed, every sentence runs exactly `--new-tokens` steps (the models and the loops);
@@ -34,6 +35,7 @@ On a GPU every hook synchronises (else it would time the launch, not the work), 
 Target: ours >= 1.5x MarianMT's sentences/second.
 
     python benchmarks/beam_search_speed.py --batch-size 32 --repeats 3 --threads 1
+    python benchmarks/beam_search_speed.py --preset base --vocab-size 37000 --batch-size 1 --threads 1  # WMT's size
     python benchmarks/beam_search_speed.py --model runs/multi30k_cpu/averaged \
         --sources ../shared/data/multi30k/test_2016_flickr.en --batch-size 16 --threads 1
 """
@@ -178,6 +180,8 @@ def main():
     parser.add_argument("--eos-bias", type=float, default=3.0, help="scenario 'natural': makes </s> likelier")
     parser.add_argument("--num-beams", type=int, default=4)
     parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--preset", default=None,
+                        help="random weights of a paper preset (base, big) instead of the Multi30k recipe's size")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -204,10 +208,12 @@ def main():
         inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
         args.vocab_size, args.eos_bias, args.batch_size = ours.config.vocab_size, 0.0, len(batch)
     else:
-        size = dict(d_model=256, encoder_layers=3, decoder_layers=3)
-        ours = VaswaniTransformerForConditionalGeneration(
-            VaswaniTransformerConfig(vocab_size=args.vocab_size, num_heads=4, d_ff=1024, dropout=0.0, **size)
-        ).eval()
+        if args.preset:
+            config = VaswaniTransformerConfig.from_preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)
+        else:
+            size = dict(d_model=256, encoder_layers=3, decoder_layers=3, num_heads=4, d_ff=1024)
+            config = VaswaniTransformerConfig(vocab_size=args.vocab_size, dropout=0.0, **size)
+        ours = VaswaniTransformerForConditionalGeneration(config).eval()
         inputs = sources(args.batch_size, args.source_length, args.vocab_size, args.seed)
     if args.eos_bias:
         with torch.no_grad():  # make </s> likelier, so that hypotheses end at various lengths
@@ -222,6 +228,8 @@ def main():
         "natural": {},
     }
     what = f"sources from {args.sources}, model {args.model}" if args.model else f"sources ~{args.source_length} tokens"
+    c = ours.config
+    what += f", d_model {c.d_model}, {c.encoder_layers}+{c.decoder_layers} layers, d_ff {c.d_ff}, {c.num_heads} heads"
     clock = "CPU time" if device.type == "cpu" else "wall time, synchronised"
     print(
         f"# {describe(device)}\n# batch {args.batch_size}, "

@@ -773,3 +773,21 @@ def test_generate_on_packed_weights_gives_the_plain_paths_tokens_and_follows_eve
         parameter.data.copy_(torch.randn_like(parameter))  # as EMA and averaging code does; no version change either
     after_copy = decode()
     assert not torch.equal(before, after_adam) and not torch.equal(after_adam, after_copy)
+
+
+@onednn
+def test_generate_in_several_threads_at_once_gives_what_each_gives_alone():
+    """Concurrent `generate` calls on one model (a threaded server), each packing its own copies (a context variable)
+    and running oneDNN's products at the same time, translate as they do one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = tiny_model(seed=6, d_model=512, d_ff=512, vocab_size=512, encoder_layers=1, decoder_layers=1)
+    sources = [random_ids(2, 5 + i, seed=10 + i) for i in range(4)]
+
+    def translate(source):
+        return model.generate(input_ids=source, num_beams=4, max_new_tokens=6, suppress_tokens=[2])
+
+    alone = [translate(source) for source in sources]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(translate, sources * 2))
+    assert all(torch.equal(a, b) for a, b in zip(alone * 2, together))

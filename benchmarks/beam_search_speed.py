@@ -27,6 +27,9 @@ sentences, e.g. test_2016_flickr.en) the weights and sources are real, and "natu
 `--compiled` adds ours with a static cache and a compiled decoding step (the batch stays whole: no finished
 sentence leaves it).
 
+`--kernels` (CPU) adds a table of the decoder's linear layers alone, per weight shape: torch's product against
+oneDNN's on a packed copy of the weight, and the packing.
+
 `--split` adds a table of where the time of the fixed-length decoding goes, per step, for ours and MarianMTModel
 (forward hooks, wall time): the output layer, the other linear layers, the rest of the model's forward pass, and the
 search around it (our linear layers' time includes packing their weights, on a CPU, at their second use).
@@ -190,6 +193,9 @@ def main():
     parser.add_argument("--compiled", action="store_true",
                         help="add a row: ours with a static cache and the decoding step compiled (torch.compile, "
                              "inductor; the warm-up call compiles, not timed)")  # fmt: skip
+    parser.add_argument("--kernels", action="store_true",
+                        help="add a table of the decoder's linear layers alone: torch's product against oneDNN's on "
+                             "a packed weight, and the packing, per weight shape (CPU)")  # fmt: skip
     parser.add_argument("--split", action="store_true",
                         help="add a table of where the time of a fixed-length decoding step goes (ours, MarianMT)")
     add_device_argument(parser)
@@ -276,6 +282,12 @@ def main():
         for name, s in seconds.items():
             rows.append([scenario, name, f"{s:.3f}", f"{args.batch_size / s:.1f}", f"{baseline / s:.2f}x"])
     print_table(header, rows)
+    if args.kernels and device.type == "cpu":
+        rows = args.batch_size * args.num_beams
+        print(f"\nkernels: the decoder's linear layers alone, {rows} rows (batch x beams), warm weights, "
+              f"{args.threads} thread(s), median of 50 calls (packing: of 5)")
+        print_table(["weight (out x in)", "layers", "torch's product ms", "packed product ms", "speed-up",
+                     "packing ms"], kernel_rows(ours, rows))  # fmt: skip
     if args.split:
         fixed = dict(num_beams=args.num_beams, length_penalty=0.6, **scenarios["fixed"])
         split = {
@@ -290,6 +302,40 @@ def main():
         parts = list(next(iter(split.values())))
         print_table(["decoder", *parts], [[name, *(f"{times[part]:.2f}" for part in parts)]
                                           for name, times in split.items()])  # fmt: skip
+
+
+def kernel_rows(model, rows: int) -> list[list]:
+    """Per distinct weight shape of the decoder's linear layers (the output layer included): torch's product, oneDNN's
+    on a packed copy, the ratio and the packing itself, in ms (what `packed_cpu_weights` trades)."""
+    from vaswani_transformer.modeling_vaswani_transformer import _PACK_MIN_WEIGHTS
+
+    def median_ms(call, count):
+        call()
+        times = []
+        for _ in range(count):
+            started = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - started)
+        return 1000 * sorted(times)[count // 2]
+
+    layers = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
+    layers.append(model.get_output_embeddings())
+    shapes = {}
+    for layer in layers:
+        shapes.setdefault(tuple(layer.weight.shape), []).append(layer)
+    table = []
+    with torch.no_grad():
+        for (out_features, in_features), same in shapes.items():
+            weight, bias = same[0].weight, same[0].bias
+            x = torch.randn(rows, in_features)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+            plain = median_ms(lambda: torch.nn.functional.linear(x, weight, bias), 50)
+            fast = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""), 50)
+            packing = median_ms(lambda: torch.ops.mkldnn._reorder_linear_weight(weight), 5)
+            note = "" if weight.numel() >= _PACK_MIN_WEIGHTS else " (not packed: too small)"
+            table.append([f"{out_features} x {in_features}{note}", len(same), f"{plain:.3f}", f"{fast:.3f}",
+                          f"{plain / fast:.2f}x", f"{packing:.2f}"])  # fmt: skip
+    return table
 
 
 def plain_products(generate, **kwargs):

@@ -681,15 +681,16 @@ def plain_products():
 
 
 @onednn
-def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_second_use_until_the_block_ends():
-    """Inside `packed_cpu_weights`, under no_grad: the first call multiplies as stored, later ones on one packed copy;
-    each equals x W^T + b in float64, for an empty batch, a few rows, a 3-D and a non-contiguous input, in float32 and
+def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_fourth_use_until_the_block_ends():
+    """Inside `packed_cpu_weights`, under no_grad: the first three calls multiply as stored, later ones on one packed
+    copy; each equals x W^T + b in float64, for an empty batch, a few rows, a 3-D and a non-contiguous input, in float32 and
     bf16. Outside the block, with autograd on, under autocast, or for a weight under 512 x 512, nothing is packed."""
     from vaswani_transformer.modeling_vaswani_transformer import _PACKED_WEIGHTS, Linear, packed_cpu_weights
 
     torch.manual_seed(0)
     linear = Linear(512, 520)
-    inputs = [torch.randn(4, 512), torch.randn(0, 512), torch.randn(3, 5, 512), torch.randn(512, 6).t()]
+    inputs = [torch.randn(4, 512), torch.randn(2, 512), torch.randn(1, 512)]  # the plain uses
+    inputs += [torch.randn(4, 512), torch.randn(0, 512), torch.randn(3, 5, 512), torch.randn(512, 6).t()]
     dtypes = [torch.float32, *([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])]
     for dtype in dtypes:
         linear.to(dtype)
@@ -698,10 +699,10 @@ def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_sec
             packs = _PACKED_WEIGHTS.get()
             for i, x in enumerate(inputs):
                 y = linear(x.to(dtype))
-                assert (packs[linear] is False) == (i == 0)  # packed from the second call on
-                if i == 1:
+                assert torch.is_tensor(packs[linear]) == (i >= 3)  # packed at the fourth call
+                if i == 3:
                     packed = packs[linear]
-                assert i < 2 or packs[linear] is packed  # once
+                assert i < 3 or packs[linear] is packed  # once
                 tolerance = 1e-5 if dtype == torch.float32 else 2e-2
                 reference = x.to(dtype).double() @ w.T + b
                 torch.testing.assert_close(y.double(), reference, rtol=tolerance, atol=tolerance)
@@ -710,25 +711,26 @@ def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_sec
     small = Linear(256, 256)
     with torch.no_grad(), packed_cpu_weights():
         x = torch.randn(4, 256)
-        torch.testing.assert_close(small(x), small(x))
+        for _ in range(5):
+            torch.testing.assert_close(small(x), x @ small.weight.T + small.bias)
         assert not _PACKED_WEIGHTS.get()
 
     linear.float()
     x = torch.randn(7, 512)
     with packed_cpu_weights():
-        for _ in range(2):
+        for _ in range(5):
             linear(x).square().sum().backward()  # autograd on: torch's product, with gradients
         assert linear.weight.grad.abs().sum() > 0 and not _PACKED_WEIGHTS.get()
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            assert all(linear(x).dtype == torch.bfloat16 for _ in range(2))
+            assert all(linear(x).dtype == torch.bfloat16 for _ in range(5))
         assert not _PACKED_WEIGHTS.get()
 
 
 @onednn
 def test_generate_on_packed_weights_gives_the_plain_paths_tokens_and_follows_every_kind_of_weight_update():
-    """`generate` packs the decoder's weights (each used once per step) and gives the tokens and scores of torch's
-    own product (mkldnn off); after each way of changing weights that torch does not count as a change to the
-    parameter (a fused Adam step, `.data.copy_`), the next `generate` follows the new weights."""
+    """`generate` packs the decoder's weights (each used once per step: packed at the 4th step) and gives the tokens
+    and scores of torch's own product (mkldnn off); after each way of changing weights that torch does not count as a
+    change to the parameter (a fused Adam step, `.data.copy_`), the next `generate` follows the new weights."""
     from vaswani_transformer.modeling_vaswani_transformer import _PACKED_WEIGHTS, Linear
 
     # every weight at least 512 x 512, as packing asks

@@ -69,12 +69,15 @@ _HAS_ONEDNN_LINEAR = (
 )
 _ONEDNN_BF16 = _HAS_ONEDNN_LINEAR and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 _PACK_MIN_WEIGHTS = 1 << 18  # 512 x 512: below, oneDNN's call costs more than the packed product saves
+# Packed at a layer's 4th use in a call: by then its plain products have cost about what packing costs (base's output
+# layer: 3 x 20 ms against 93 ms), so a short output never pays much more than it would have without packing.
+_PACK_AT_USE = 4
 _PACKED_WEIGHTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("packed_weights", default=None)
 
 
 @contextlib.contextmanager
 def packed_cpu_weights():
-    """Within (each `generate` call): a `Linear` used a second time (a decoding step) on a CPU, outside autograd,
+    """Within (each `generate` call): a `Linear` used a fourth time (decoding steps) on a CPU, outside autograd,
     multiplies through oneDNN on a copy of its weight packed then for the rest of the block. The copies go on exit,
     so none can be stale: fused optimizers and `.data` writes change weights without telling anyone."""
     token = _PACKED_WEIGHTS.set({})
@@ -103,7 +106,7 @@ def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 class Linear(nn.Linear):
-    """xW^T + b; inside `packed_cpu_weights`, from its second use on, through oneDNN on a packed copy of W (of at
+    """xW^T + b; inside `packed_cpu_weights`, from its fourth use on, through oneDNN on a packed copy of W (of at
     least 512 x 512 entries): MKL's product on W as stored is 1.1-3x slower on x86, most at the few rows of a beam
     search step and the largest W."""
 
@@ -111,11 +114,11 @@ class Linear(nn.Linear):
         packs = _PACKED_WEIGHTS.get() if _onednn_packs(x, self.weight) else None
         if packs is None:
             return super().forward(x)
-        packed = packs.get(self)
-        if packed is None:  # the first use (the encoder; cross-attention's keys and values): not worth a copy
-            packs[self] = False
-            return super().forward(x)
-        if packed is False:
+        packed = packs.get(self, 0)  # the uses so far, until packed
+        if isinstance(packed, int):
+            if packed + 1 < _PACK_AT_USE:
+                packs[self] = packed + 1
+                return super().forward(x)
             packed = packs[self] = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
         return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
 

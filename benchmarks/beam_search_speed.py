@@ -32,7 +32,7 @@ oneDNN's on a packed copy of the weight, and the packing.
 
 `--split` adds a table of where the time of the fixed-length decoding goes, per step, for ours and MarianMTModel
 (forward hooks, wall time): the output layer, the other linear layers, the rest of the model's forward pass, and the
-search around it (our linear layers' time includes packing their weights, on a CPU, at their second use).
+search around it (our linear layers' time includes packing their weights, on a CPU, at their fourth use).
 On a GPU every hook synchronises (else it would time the launch, not the work), which slows the decoding down.
 
 Target: ours >= 1.5x MarianMT's sentences/second.

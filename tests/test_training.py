@@ -764,7 +764,8 @@ def test_shipped_recipes_parse(recipe, monkeypatch):
     # The paper's schedule everywhere but the short Multi30k recipes, which anneal to 0 for a budget of updates.
     short = recipe in ("multi30k_cpu_short.yaml", "multi30k_cpu_12min.yaml")
     assert training_args.lr_schedule == ("hf" if short else "paper")
-    assert (data_args.length_penalty_grid is not None) == short  # alpha chosen on validation where the budget is short
+    # alpha chosen on validation in the Multi30k CPU recipes: minutes of training translate too short at the paper's 0.6
+    assert (data_args.length_penalty_grid is not None) == recipe.startswith("multi30k_cpu")
     assert training_args.adam_beta2 == 0.98
 
 

@@ -283,11 +283,11 @@ def main():
             rows.append([scenario, name, f"{s:.3f}", f"{args.batch_size / s:.1f}", f"{baseline / s:.2f}x"])
     print_table(header, rows)
     if args.kernels and device.type == "cpu":
-        rows = args.batch_size * args.num_beams
-        print(f"\nkernels: the decoder's linear layers alone, {rows} rows (batch x beams), warm weights, "
+        step_rows = args.batch_size * args.num_beams
+        print(f"\nkernels: the decoder's linear layers alone, {step_rows} rows (batch x beams), warm weights, "
               f"{args.threads} thread(s), median of 50 calls (packing: of 5)")
         print_table(["weight (out x in)", "layers", "torch's product ms", "packed product ms", "speed-up",
-                     "packing ms"], kernel_rows(ours, rows))  # fmt: skip
+                     "packing ms"], kernel_rows(ours, step_rows))  # fmt: skip
     if args.split:
         fixed = dict(num_beams=args.num_beams, length_penalty=0.6, **scenarios["fixed"])
         split = {

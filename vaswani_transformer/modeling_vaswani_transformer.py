@@ -88,17 +88,16 @@ def packed_cpu_weights():
 
 
 def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `Linear` may multiply on a packed weight: not traced or compiled (those see the plain product), a CPU,
-    no autograd or autocast, float32 or a bf16 that oneDNN supports here, mkldnn enabled, a weight worth packing."""
+    """Whether `Linear` may multiply on a packed weight: oneDNN here, not traced (a trace sees the plain product), a
+    CPU, no autograd or autocast, float32 or a bf16 that oneDNN supports here, mkldnn enabled, a weight worth packing."""
     return (
-        not is_torchdynamo_compiling()
+        _HAS_ONEDNN_LINEAR
         and not torch.jit.is_tracing()
         and x.device.type == "cpu"
         and weight.device.type == "cpu"
         and not torch.is_grad_enabled()
         and x.dtype == weight.dtype
         and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _ONEDNN_BF16))
-        and _HAS_ONEDNN_LINEAR
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled("cpu")
         and weight.numel() >= _PACK_MIN_WEIGHTS
@@ -111,8 +110,9 @@ class Linear(nn.Linear):
     search step and the largest W."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        packs = _PACKED_WEIGHTS.get() if _onednn_packs(x, self.weight) else None
-        if packs is None:
+        # Outside a packing block (training, compiled graphs) nothing else is checked.
+        packs = None if is_torchdynamo_compiling() else _PACKED_WEIGHTS.get()
+        if packs is None or not _onednn_packs(x, self.weight):
             return super().forward(x)
         packed = packs.get(self, 0)  # the uses so far, until packed
         if isinstance(packed, int):

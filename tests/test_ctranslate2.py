@@ -141,17 +141,29 @@ def test_float32_greedy_and_beam_equal_ours_token_for_token(trained):
     assert all(len(h) + 1 < min(limits) for h in expected)
 
 
-def test_int8_stays_within_one_bleu_of_float32(trained):
+def test_int8_stays_close_to_float32(trained):
+    """int8 weights change the model's log-probabilities a little, not its translations: on float32's own beam
+    outputs, int8's log P(y_t | y_<t, x) stay within 0.03 nats on average (1 at most) of a float64 forward pass of
+    ours (measured 0.012-0.013; one layer type's weights 5% / 20% off gives 0.027 / 0.105), and at least 85% of the
+    beam outputs are float32's. BLEU on 64 short sentences is no measure here: each changed sentence moves it by
+    0.5-1 (on an Intel Xeon with AMX, 4 changed sentences of 64 gave 38.8 against 40.9)."""
     model, tokenizer, test_pairs, folder = trained
-    references = [[t for _, t in test_pairs]]
-    lines = [s for s, _ in test_pairs]
-    scores = {}
-    for name in ("float32", "int8"):
-        translator, loaded_tokenizer, _ = load_translator(str(folder / name), intra_threads=1)
-        hypotheses = translate_lines_ctranslate2(translator, loaded_tokenizer, lines, num_beams=4, length_penalty=0.6)
-        scores[name] = sacrebleu.corpus_bleu(hypotheses, references).score
-    assert scores["float32"] > 20  # a model that translates, so that the distance means something
-    assert abs(scores["int8"] - scores["float32"]) <= 1.0, scores
+    sources = [tokenizer(s).input_ids for s, _ in test_pairs]
+    translators = {name: load_translator(str(folder / name), intra_threads=1)[0] for name in ("float32", "int8")}
+    outputs = {name: exported(translator, tokenizer, sources, num_beams=4, length_penalty=0.6)
+               for name, translator in translators.items()}  # fmt: skip
+    same = sum(a == b for a, b in zip(outputs["float32"], outputs["int8"]))
+    assert same >= 0.85 * len(sources), f"int8 gives float32's translation for {same} of {len(sources)} sentences"
+    targets = [t for t in outputs["float32"] if t]
+    scored = [s for s, t in zip(sources, outputs["float32"]) if t]
+    results = translators["int8"].score_batch([tokenizer.convert_ids_to_tokens(s) for s in scored],
+                                     [tokenizer.convert_ids_to_tokens(t) for t in targets])  # fmt: skip
+    differences = torch.cat([
+        (torch.tensor(result.log_probs, dtype=torch.float64) - torch.tensor(float64_log_probs(model, s, t))).abs()
+        for s, t, result in zip(scored, targets, results)
+    ])  # fmt: skip
+    assert len(targets) >= 0.9 * len(sources)
+    assert differences.mean() <= 0.03 and differences.max() <= 1.0, (differences.mean(), differences.max())
 
 
 def test_translate_lines_one_output_per_line(trained):

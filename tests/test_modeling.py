@@ -688,7 +688,7 @@ def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_fou
     from vaswani_transformer.modeling_vaswani_transformer import _PACKED_WEIGHTS, Linear, packed_cpu_weights
 
     torch.manual_seed(0)
-    linear = Linear(512, 520)
+    linear = Linear(512, 1040)  # over 512 x 1024: packed on any CPU
     inputs = [torch.randn(4, 512), torch.randn(2, 512), torch.randn(1, 512)]  # the plain uses
     inputs += [torch.randn(4, 512), torch.randn(0, 512), torch.randn(3, 5, 512), torch.randn(512, 6).t()]
     dtypes = [torch.float32, *([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])]
@@ -733,8 +733,9 @@ def test_generate_on_packed_weights_gives_the_plain_paths_tokens_and_follows_eve
     change to the parameter (a fused Adam step, `.data.copy_`), the next `generate` follows the new weights."""
     from vaswani_transformer.modeling_vaswani_transformer import _PACKED_WEIGHTS, Linear
 
-    # every weight at least 512 x 512, as packing asks
-    model = tiny_model(seed=3, dropout=0.1, d_model=512, d_ff=512, vocab_size=512, encoder_layers=1, decoder_layers=1)
+    # every weight at least 1024 x 1024, as packing asks on any CPU (512 x 512 elsewhere than on Intel's)
+    model = tiny_model(seed=3, dropout=0.1, d_model=1024, d_ff=1024, vocab_size=1024, encoder_layers=1,
+                       decoder_layers=1)  # fmt: skip
     source, target = random_ids(3, 7, seed=4), random_ids(3, 6, seed=5)
     packed = []
     original = Linear.forward
@@ -783,7 +784,7 @@ def test_generate_in_several_threads_at_once_gives_what_each_gives_alone():
     and running oneDNN's products at the same time, translate as they do one at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
-    model = tiny_model(seed=6, d_model=512, d_ff=512, vocab_size=512, encoder_layers=1, decoder_layers=1)
+    model = tiny_model(seed=6, d_model=1024, d_ff=1024, vocab_size=1024, encoder_layers=1, decoder_layers=1)
     sources = [random_ids(2, 5 + i, seed=10 + i) for i in range(4)]
 
     def translate(source):

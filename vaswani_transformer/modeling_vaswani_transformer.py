@@ -68,7 +68,24 @@ _HAS_ONEDNN_LINEAR = (
     and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 )
 _ONEDNN_BF16 = _HAS_ONEDNN_LINEAR and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-_PACK_MIN_WEIGHTS = 1 << 18  # 512 x 512: below, oneDNN's call costs more than the packed product saves
+
+
+def _cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"); "" where there is none."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+# Below, oneDNN's call costs more than the packed product saves. MKL multiplies a weight of up to 1 MiB (2^18 float32
+# entries) fast on Intel CPUs at a beam step's 4 rows (packed: 0.68-0.73x), so there only larger ones are packed
+# (2^19: 1.03-1.11x); on AMD CPUs MKL takes a slower path and packing pays from 512 x 512 (1.4x).
+_PACK_MIN_WEIGHTS = 1 << 19 if _cpu_vendor() == "GenuineIntel" else 1 << 18
 # Packed at a layer's 4th use in a call: by then its plain products have cost about what packing costs (base's output
 # layer: 3 x 20 ms against 93 ms), so a short output never pays much more than it would have without packing.
 _PACK_AT_USE = 4
@@ -106,8 +123,8 @@ def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 class Linear(nn.Linear):
     """xW^T + b; inside `packed_cpu_weights`, from its fourth use on, through oneDNN on a packed copy of W (of at
-    least 512 x 512 entries): MKL's product on W as stored is 1.1-3x slower on x86, most at the few rows of a beam
-    search step and the largest W."""
+    least 512 x 512 entries, 512 x 1024 on Intel CPUs): MKL's product on W as stored is 1.1-3x slower on x86, most at
+    the few rows of a beam search step and the largest W."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Outside a packing block (training, compiled graphs) nothing else is checked.

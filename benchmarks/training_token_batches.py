@@ -1,6 +1,8 @@
 """Training on real Multi30k batches: our model and recipe's step against HF MarianMTModel at the same configuration.
 
-Issue 15, section 1 (a) and (b). Rows, each timed in its own process (models alternating, `--rounds` times):
+Issue 15, section 1 (a) and (b). Rows, each timed in its own process (models alternating, `--rounds` times), then
+ours against MarianMT on the token batches in one process per precision, alternating update by update: the host this
+project measures on drifts by up to a third within an hour, more than separate processes can tell apart.
 
 * ours, token batches: our model on the recipe's `TokenBatchSampler` batches (at most `--max-tokens` tokens per side,
   padding included), our loss (`trainer.label_smoothed_cross_entropy`), fused Adam; bf16 autocast with the kernel
@@ -28,6 +30,7 @@ Needs ../shared/data/multi30k (relative to the repository root); trains (once, c
 """
 
 import argparse
+import copy
 import json
 import subprocess
 import sys
@@ -116,35 +119,23 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mas
             torch._foreach_copy_(list(model.parameters()), masters)
 
 
-def child(args) -> None:
-    """Time one (model, batches, precision) setting in this fresh process; print a JSON line."""
+def make_step(kind: str, config: VaswaniTransformerConfig, precision: str, device: torch.device):
+    """(model, step): `step(batch)` trains `kind` ("ours" or "marian") for one update of `precision` ("fp32", "bf16"
+    autocast or "bf16-model") as its row describes; returns (seconds, real target tokens, model FLOPs)."""
     from transformers.models.marian.modeling_marian import shift_tokens_right
     from transformers.trainer_pt_utils import LabelSmoother
 
-    kind, batches_name, precision = args.child.split(",")
-    device = check_device(args.device)
-    if device.type == "cpu":
-        keep_freed_cpu_memory()  # as train.py does on a CPU
-    batches = [{name: tensor.to(device) for name, tensor in batch.items()}
-               for batch in torch.load(Path(args.batches_dir) / f"{batches_name}.pt")]  # fmt: skip
-    config = model_config(args.preset, json.loads(args.tokenizer_fields))
     bf16 = precision == "bf16"
     attention = attention_for(bf16 or precision == "bf16-model", device)
-    model = build(kind, config, attention).to(device).train()
+    model = build(kind, copy.deepcopy(config), attention).to(device).train()
     masters = None
     if precision == "bf16-model":
         model = model.to(torch.bfloat16)
         masters = [p.detach().float() for p in model.parameters()]
     optimizer = torch.optim.Adam(masters or model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     smoother = LabelSmoother(epsilon=0.1)
-    seconds, tokens, flops = 0.0, 0, 0.0
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    profiler = torch.profiler.profile(activities=activities) if args.profile else None
-    for step, batch in enumerate(batches):
-        if profiler is not None and step == args.warmup:
-            profiler.start()
+
+    def step(batch: dict) -> tuple[float, int, float]:
         labels = batch["labels"]
         if kind == "marian":  # transformers' collator gives Marian its decoder inputs
             decoder_inputs = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
@@ -161,12 +152,38 @@ def child(args) -> None:
             loss = smoother({"logits": logits}, labels)
         loss.backward()
         optimizer_step(model, optimizer, masters)
-        if step >= args.warmup:  # warm-up steps are not timed
-            seconds += now(device) - start
-            target_tokens = int(real.sum())
-            tokens += target_tokens
-            source_length = float(batch["attention_mask"].sum()) / len(labels)
-            flops += training_flops(config, target_tokens, source_length, target_tokens / len(labels))
+        seconds = now(device) - start
+        target_tokens = int(real.sum())
+        source_length = float(batch["attention_mask"].sum()) / len(labels)
+        return seconds, target_tokens, training_flops(config, target_tokens, source_length, target_tokens / len(labels))
+
+    return model, step
+
+
+def child(args) -> None:
+    """Time one (model, batches, precision) setting in this fresh process, or with kind "alternate" ours and
+    MarianMT alternating update by update on the token batches; print a JSON line."""
+    kind, batches_name, precision = args.child.split(",")
+    device = check_device(args.device)
+    if device.type == "cpu":
+        keep_freed_cpu_memory()  # as train.py does on a CPU
+    batches = [{name: tensor.to(device) for name, tensor in batch.items()}
+               for batch in torch.load(Path(args.batches_dir) / f"{batches_name}.pt")]  # fmt: skip
+    config = model_config(args.preset, json.loads(args.tokenizer_fields))
+    if kind == "alternate":
+        return print(json.dumps(alternate(config, precision, device, batches, args.warmup)))
+    model, step = make_step(kind, config, precision, device)
+    seconds, tokens, flops = 0.0, 0, 0.0
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities) if args.profile else None
+    for index, batch in enumerate(batches):
+        if profiler is not None and index == args.warmup:
+            profiler.start()
+        spent, target_tokens, batch_flops = step(batch)
+        if index >= args.warmup:  # warm-up steps are not timed
+            seconds, tokens, flops = seconds + spent, tokens + target_tokens, flops + batch_flops
     peak_memory = peak_memory_mib(device)  # a fresh process: the peak of this setting alone
     steps = len(batches) - args.warmup
     shares = None
@@ -174,7 +191,22 @@ def child(args) -> None:
         profiler.stop()
         shares = profile_shares(profiler.key_averages(), device)
     print(json.dumps({"ms": 1000 * seconds / steps, "tok_s": tokens / seconds, "flop_s": flops / seconds,
-                      "memory": peak_memory, "attention": attention, "profile": shares}))  # fmt: skip
+                      "memory": peak_memory, "attention": attention_for(precision != "fp32", device),
+                      "profile": shares}))  # fmt: skip
+
+
+def alternate(config, precision: str, device: torch.device, batches: list, warmup: int) -> dict:
+    """Ours and MarianMT in one process, alternating update by update on the same batches (ours first on even
+    updates, Marian first on odd ones), so that the host's drift hits both alike: mean ms / update of each."""
+    steps = {kind: make_step(kind, config, precision, device)[1] for kind in ("ours", "marian")}
+    for batch in batches[:warmup]:
+        for step in steps.values():
+            step(batch)
+    seconds = dict.fromkeys(steps, 0.0)
+    for index, batch in enumerate(batches[warmup:]):
+        for kind in ("ours", "marian") if index % 2 == 0 else ("marian", "ours"):
+            seconds[kind] += steps[kind](batch)[0]
+    return {kind: 1000 * spent / (len(batches) - warmup) for kind, spent in seconds.items()}
 
 
 # Where the time of a training step goes: torch ops (self CPU time) by what they do.
@@ -276,6 +308,8 @@ def main():
         for _ in range(args.rounds):
             for key in keys:
                 results.setdefault(key, []).append(run_child(args, folder, tokenizer_fields, ",".join(key)))
+        alternating = {precision: run_child(args, folder, tokenizer_fields, f"alternate,token,{precision}")
+                       for precision in precisions}  # fmt: skip
         profiles = {}  # a separate run: the profiler's own cost stays out of the timings above
         if args.profile:
             for precision in precisions:
@@ -297,6 +331,12 @@ def main():
             print(f"| {kind} | {label} | {names[variant]} | {row['attention']} "
                   f"| {row['ms']:.0f} | {row['tok_s']:,.0f} | {ours / row['tok_s']:.2f}x | {row['flop_s'] / 1e9:.0f} "
                   f"| {model_flops_utilization(row['flop_s'], 1.0, peak[precision]):.0%} | {row['memory']:,.0f} |")
+    print(f"\nOurs and MarianMT on the same token batches in one process, alternating update by update ({args.warmup} "
+          f"untimed + {args.steps} timed updates each; the host's drift hits both alike):")
+    print("| precision | ours ms / update | marian ms / update | ours vs marian |")
+    print("| --- | --- | --- | --- |")
+    for precision, row in alternating.items():
+        print(f"| {names[precision]} | {row['ours']:.0f} | {row['marian']:.0f} | {row['marian'] / row['ours']:.2f}x |")
     recipe = "bf16" if "bf16" in precisions else "fp32"  # how the CPU recipe trains here (bf16_where_native)
     ours = results_median(results, ("ours", "token", recipe))
     standard = results_median(results, ("marian", "sentences64", "fp32"))

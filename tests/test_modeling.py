@@ -663,6 +663,21 @@ def test_cpu_dropout_drops_each_element_with_probability_p_and_scales_the_rest(p
     assert Dropout(p).train()(torch.ones(3, 5, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
+def test_cpu_dropout_mask_at_the_ends_of_its_resolution():
+    """p is rounded to a multiple of 2^-16: under 2^-17 nothing is dropped, over 1 - 2^-17 everything is; one step
+    inside either end the mask is still drawn (the int16 threshold at its limits)."""
+    from vaswani_transformer.modeling_vaswani_transformer import dropout_keep_mask
+
+    shape = (64, 1024)
+    assert torch.equal(dropout_keep_mask(shape, 2**-18), torch.ones(shape))
+    assert torch.equal(dropout_keep_mask(shape, 1 - 2**-18, dtype=torch.bfloat16), torch.zeros(shape).bfloat16())
+    torch.manual_seed(0)
+    rare = dropout_keep_mask((4096, 1024), 2**-16)  # drops a 16-bit draw of -32768 only
+    assert set(rare.unique().tolist()) == {0.0, 1.0} and (rare == 0).sum() < 200
+    almost = dropout_keep_mask((4096, 1024), 1 - 2**-16)  # keeps a draw of 32767 only
+    assert set(almost.unique().tolist()) == {0.0, 1.0} and (almost == 1).sum() < 200
+
+
 # --- linear maps: oneDNN on packed weights while generating on a CPU -----------------------------------------------
 
 onednn = pytest.mark.skipif(

@@ -120,7 +120,7 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mas
 
 
 def make_step(kind: str, config: VaswaniTransformerConfig, precision: str, device: torch.device):
-    """(model, step): `step(batch)` trains `kind` ("ours" or "marian") for one update of `precision` ("fp32", "bf16"
+    """`step(batch)` trains `kind` ("ours" or "marian") for one update of `precision` ("fp32", "bf16"
     autocast or "bf16-model") as its row describes; returns (seconds, real target tokens, model FLOPs)."""
     from transformers.models.marian.modeling_marian import shift_tokens_right
     from transformers.trainer_pt_utils import LabelSmoother
@@ -157,7 +157,7 @@ def make_step(kind: str, config: VaswaniTransformerConfig, precision: str, devic
         source_length = float(batch["attention_mask"].sum()) / len(labels)
         return seconds, target_tokens, training_flops(config, target_tokens, source_length, target_tokens / len(labels))
 
-    return model, step
+    return step
 
 
 def child(args) -> None:
@@ -172,7 +172,7 @@ def child(args) -> None:
     config = model_config(args.preset, json.loads(args.tokenizer_fields))
     if kind == "alternate":
         return print(json.dumps(alternate(config, precision, device, batches, args.warmup)))
-    model, step = make_step(kind, config, precision, device)
+    step = make_step(kind, config, precision, device)
     seconds, tokens, flops = 0.0, 0, 0.0
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -198,7 +198,7 @@ def child(args) -> None:
 def alternate(config, precision: str, device: torch.device, batches: list, warmup: int) -> dict:
     """Ours and MarianMT in one process, alternating update by update on the same batches (ours first on even
     updates, Marian first on odd ones), so that the host's drift hits both alike: mean ms / update of each."""
-    steps = {kind: make_step(kind, config, precision, device)[1] for kind in ("ours", "marian")}
+    steps = {kind: make_step(kind, config, precision, device) for kind in ("ours", "marian")}
     for batch in batches[:warmup]:
         for step in steps.values():
             step(batch)

@@ -643,7 +643,8 @@ def test_remote_code_in_a_process_without_the_package_gives_identical_logits(tmp
 def test_cpu_dropout_drops_each_element_with_probability_p_and_scales_the_rest(p):
     """The model's dropout on a CPU (16 random bits per element, four per 64-bit draw): in every one of the four
     element positions of a draw the dropped fraction is p within 6 binomial standard deviations, kept elements are
-    x / (1 - p) exactly, the gradient is the same mask and scale, eval mode is the identity, a seed repeats it."""
+    x / (1 - p) exactly, the gradient is the same mask and scale, eval mode and p 0 are the identity, p 1 zeros,
+    a seed repeats it."""
     from vaswani_transformer.modeling_vaswani_transformer import Dropout
 
     x = (torch.rand(400_000, generator=torch.Generator().manual_seed(1)) + 0.5).requires_grad_()  # no zeros
@@ -660,6 +661,8 @@ def test_cpu_dropout_drops_each_element_with_probability_p_and_scales_the_rest(p
     torch.manual_seed(0)
     assert torch.equal(dropout(x.detach()), y.detach())
     assert torch.equal(dropout.eval()(x.detach()), x.detach())
+    assert torch.equal(Dropout(0.0).train()(x.detach()), x.detach())  # p 0 and 1 as torch's dropout gives them
+    assert torch.equal(Dropout(1.0).train()(x.detach()), torch.zeros_like(x))
     assert Dropout(p).train()(torch.ones(3, 5, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 

@@ -59,7 +59,9 @@ class Dropout(nn.Dropout):
     serial loop (~10% of a small model's training step), this a quarter as many. Elsewhere, torch's dropout."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or x.device.type != "cpu" or not 0.0 < self.p < 1.0 or is_torchdynamo_compiling():
+        if not self.training or self.p == 0.0:  # the identity, as torch's dropout returns it (decoding steps: cheap)
+            return x
+        if x.device.type != "cpu" or self.p >= 1.0 or is_torchdynamo_compiling():
             return super().forward(x)
         return x * dropout_keep_mask(x.shape, self.p, x.device, x.dtype) * (1.0 / (1.0 - self.p))
 
@@ -112,8 +114,9 @@ def packed_cpu_weights():
 def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Linear` may multiply on a packed weight: oneDNN here, not traced (a trace sees the plain product), a
     CPU, no autograd or autocast, float32 or a bf16 that oneDNN supports here, mkldnn enabled, a weight worth packing."""
-    return (
-        _HAS_ONEDNN_LINEAR
+    return (  # the size first: it rules out most layers
+        weight.numel() >= _PACK_MIN_WEIGHTS
+        and _HAS_ONEDNN_LINEAR
         and not torch.jit.is_tracing()
         and x.device.type == "cpu"
         and weight.device.type == "cpu"
@@ -122,7 +125,6 @@ def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _ONEDNN_BF16))
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled("cpu")
-        and weight.numel() >= _PACK_MIN_WEIGHTS
     )
 
 

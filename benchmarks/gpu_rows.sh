@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Issue 15's GPU rows: the speed benchmarks on a CUDA GPU in one command, for a session lent a GPU machine
+# (.library/device: 15 minutes of device time, 10 per command; that machine has PyTorch and transformers but not
+# this project's other needs, and no network).
+#
+#   bash benchmarks/gpu_rows.sh prepare    # here, with network: wheels and Multi30k's training text into .gpu/
+#   bash benchmarks/gpu_rows.sh run        # there, as the device tool's command, carry [".gpu"]
+#
+# `run` installs the wheels into /tmp/site, prints the versions it runs with, then each benchmark with --device
+# cuda (`DEVICE=cpu NO_INSTALL=1` tries the same commands here, on the CPU, with this Python's packages), each under its own time limit so that one slow table cannot
+# take the others' time: 9 minutes at most (the device tool's `timeout_s`: 600). Each table goes to $OUT/<benchmark>.txt as it is printed ($OUT:
+# the device tool's folder that comes back; runs/gpu_rows here), the scaling plot to $OUT/training_scaling.png.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+HERE=.gpu
+DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-runs/gpu_rows}
+
+prepare() {
+    set -e
+    grep -qxF "/$HERE/" .git/info/exclude 2>/dev/null || echo "/$HERE/" >> .git/info/exclude
+    mkdir -p "$HERE/wheels" "$HERE/data/multi30k"
+    cp ../shared/data/multi30k/train.en ../shared/data/multi30k/train.de "$HERE/data/multi30k/"
+    # The machine's Python is 3.12; what it lacks, or has too old for pyproject.toml (transformers there: 5.17).
+    local packages=(
+        "transformers==$(python -c 'import transformers; print(transformers.__version__)')"
+        "datasets==$(python -c 'import datasets; print(datasets.__version__)')"
+        evaluate sacremoses "dill<0.4.2" "multiprocess<0.70.20" "regex>=2025.10.22" "fsspec<=2026.9.0"
+    )
+    python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$HERE/wheels" "${packages[@]}"
+    du -sh "$HERE"
+}
+
+step() {  # step NAME SECONDS COMMAND...: one benchmark, its output to $OUT/NAME.txt
+    local name=$1 seconds=$2
+    shift 2
+    echo "== $name ($seconds s at most): $*"
+    timeout "$seconds" "$@" 2>&1 | tee "$OUT/$name.txt"
+    echo "== $name: exit ${PIPESTATUS[0]}"
+}
+
+run() {
+    mkdir -p "$OUT"
+    [ -n "${NO_INSTALL:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site "$HERE"/wheels/*.whl || exit 1
+    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    python3 -c 'import torch, transformers, datasets, accelerate; print(torch.__version__, torch.version.cuda,
+        torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU", "transformers",
+        transformers.__version__, "datasets", datasets.__version__, "accelerate", accelerate.__version__)' || exit 1
+    local data=(--data "$HERE/data/multi30k" --cache-dir "$HERE/cache")
+    # (1a) identical token batches and (1b) the standard recipe, base model, fp32 and bf16, with MFU and memory
+    step training_token_batches 180 python3 benchmarks/training_token_batches.py --device "$DEVICE" \
+        --preset base --max-tokens 4096 --steps 20 --warmup 5 --rounds 1 "${data[@]}"
+    # the fixed-batch step of both models with each attention kernel
+    step training_step_speed 80 python3 benchmarks/training_step_speed.py --device "$DEVICE" --batch 128 --length 32
+    # decoding at a fixed length and at natural lengths, batch 1, 16 and 64, WMT's base size
+    for batch in 1 16 64; do
+        step "beam_search_$batch" 50 python3 benchmarks/beam_search_speed.py --device "$DEVICE" --preset base \
+            --vocab-size 37000 --batch-size "$batch" --new-tokens 24 --repeats 3
+    done
+    # step time against tokens per batch and sentence length
+    step training_scaling 60 python3 benchmarks/training_scaling.py --device "$DEVICE" --bf16 \
+        --output "$OUT/training_scaling.png"
+    # CTranslate2 on the GPU (float16, int8_float16) where its wheel loads
+    step ctranslate2 40 python3 benchmarks/ctranslate2_speed.py --device "$DEVICE" --batch-size 16 --new-tokens 24
+}
+
+case "${1:-}" in
+    prepare) prepare ;;
+    run) run ;;
+    *) echo "usage: bash benchmarks/gpu_rows.sh prepare|run" >&2; exit 2 ;;
+esac

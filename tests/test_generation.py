@@ -18,12 +18,12 @@ PAD, BOS, EOS = 0, 1, 2
 VOCAB = 40
 
 
-def tiny_model(seed: int = 0, eos_bias: float = 0.0) -> VaswaniTransformerForConditionalGeneration:
+def tiny_model(seed: int = 0, eos_bias: float = 0.0, vocab_size: int = VOCAB) -> VaswaniTransformerForConditionalGeneration:
     """A random float64 model; `eos_bias` > 0 makes </s> likelier (hypotheses then end at various steps).
 
     The bias is the last decoder LayerNorm's bias, pointed along the (tied) </s> output embedding.
     """
-    model = helpers.tiny_model(seed, vocab_size=VOCAB).double()
+    model = helpers.tiny_model(seed, vocab_size=vocab_size).double()
     if eos_bias:
         with torch.no_grad():
             eos_embedding = model.lm_head.weight[EOS]
@@ -71,7 +71,7 @@ def top_continuations(model, source, alive, count, decoder_mask=None):
     candidates = [
         (score + log_probs[beam][token], tokens + [token])
         for beam, (score, tokens) in enumerate(alive)
-        for token in range(VOCAB)
+        for token in range(len(log_probs[beam]))
     ]
     candidates.sort(key=lambda candidate: -candidate[0])
     return candidates[:count]
@@ -223,6 +223,33 @@ def test_matches_an_independent_reference_beam_search(seed, eos_bias, alpha, max
         )  # fmt: skip
         assert isinstance(output, GenerateBeamEncoderDecoderOutput)
         assert_matches_reference(model, inputs, output, rules, alpha, 1, max_len_b, count)
+
+
+def test_a_vocabulary_past_the_blocked_top_k_threshold_matches_the_reference():
+    """2,100 tokens x 4 beams = 8,400 candidates per sentence: `top_k` takes them in blocks of 128 (and a tail of 80
+    that fills none); the same hypotheses and scores as the reference's sort of every candidate."""
+    model = tiny_model(11, eos_bias=1.5, vocab_size=2100)
+    inputs = random_sources(111)
+    output = model.generate(**inputs, max_len_b=6, return_dict_in_generate=True, output_scores=True)
+    assert_matches_reference(model, inputs, output, "t2t", 0.6, 1, 6, 1)
+
+
+def test_top_k_gives_torch_topk_values_at_indices_that_hold_them():
+    """Long rows (blocks of 128, a tail, ties, -inf, float32 and float64) and short ones (torch's own `topk`): the
+    values of `torch.topk`, best first, at distinct indices that hold them."""
+    from vaswani_transformer.generation import top_k
+
+    generator = torch.Generator().manual_seed(0)
+    cases = [torch.randn(64, 4 * 8000, generator=generator), torch.randn(3, 4 * 37000 + 5, generator=generator),
+             torch.randint(0, 3, (8, 9000), generator=generator).double(), torch.randn(2, 100, generator=generator)]
+    cases[0][0, : 3 * 8000] = float("-inf")  # one running beam only, as at the first step
+    cases[1][1, -5:] = 1e9  # the best in the tail
+    for x in cases:
+        for k in (8, 3):
+            values, indices = top_k(x, k)
+            assert torch.equal(values, x.topk(k, dim=-1).values)
+            assert torch.equal(x.gather(1, indices), values)
+            assert all(len(set(row)) == k for row in indices.tolist())
 
 
 def random_batch(seed: int, count: int, max_length: int = 9):

@@ -562,12 +562,30 @@ def _decoder_mask(prompt_mask: torch.Tensor | None, length: int) -> torch.Tensor
     return nn.functional.pad(prompt_mask, (0, length - prompt_mask.shape[-1]), value=1)
 
 
+def top_k(x: torch.Tensor, k: int, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x.topk(k, dim=-1)` of a 2-D `x` (the same values, best first; among equal values possibly other indices). On
+    a CPU, for long rows, from the k blocks of `block` entries with the largest maxima (and the tail that fills no
+    block): every value of the top k lies in one of them, since fewer than k blocks have a maximum above the k-th
+    value. torch's CPU `topk` compares each entry in turn (4.5-5 ms for 64 rows of 4 x 8,000 candidates, one thread);
+    a vectorised `amax` over the blocks and two small `topk`s take about a tenth of that."""
+    rows, n = x.shape
+    if x.device.type != "cpu" or n < 8 * k * block:
+        return x.topk(k, dim=-1)
+    full = n - n % block
+    best_blocks = x[:, :full].unflatten(1, (-1, block)).amax(-1).topk(k, dim=-1).indices
+    columns = (best_blocks[:, :, None] * block + torch.arange(block, device=x.device)).view(rows, k * block)
+    if full < n:
+        columns = torch.cat([columns, torch.arange(full, n, device=x.device).expand(rows, -1)], dim=1)
+    values, picked = x.gather(1, columns).topk(k, dim=-1)
+    return values, columns.gather(1, picked)
+
+
 def _top_candidates(search: _Search, alive: _Alive, log_probs: torch.Tensor, scores_so_far) -> _Candidates:
     """Step 1 (t2t `grow_topk`): the 2K best continuations of each sentence's running beams by log P(Y|X)."""
     K = search.num_beams
     num_active, vocab_size = alive.scores.shape[0], log_probs.shape[-1]
     totals = (alive.scores[:, :, None] + log_probs.view(num_active, K, vocab_size)).view(num_active, K * vocab_size)
-    scores, indices = totals.topk(2 * K, dim=-1)
+    scores, indices = top_k(totals, 2 * K)
     rows = torch.arange(num_active, device=scores.device)[:, None] * K + torch.div(
         indices, vocab_size, rounding_mode="floor"
     )

@@ -47,7 +47,7 @@ from device import add_device_argument, check_device, describe, now  # noqa: E40
 from training_token_batches import attention_for, build, model_config, optimizer_step, prepare_batches  # noqa: E402
 
 from vaswani_transformer.modeling_vaswani_transformer import Dropout  # noqa: E402
-from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory  # noqa: E402
+from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory, keep_onednn_primitives  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
 MEANS = ("compile", "attention", "bernoulli-dropout", "plain-loss", "fp32-logits", "bf16-model")
@@ -148,6 +148,7 @@ def main():
     device = check_device(args.device)
     if device.type == "cpu":
         keep_freed_cpu_memory()  # as train.py does on a CPU
+        keep_onednn_primitives()
     bf16 = has_native_bf16(device.type)
     skipped = [*(CPU_ONLY if device.type != "cpu" else ()), *(BF16_ONLY if not bf16 else ())]
     means = [m for m in args.means if m not in skipped]

@@ -49,7 +49,7 @@ from device import peak_memory_mib  # noqa: E402
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration  # noqa: E402
 from vaswani_transformer.flops import model_flops_utilization, training_flops  # noqa: E402
-from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory  # noqa: E402
+from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory, keep_onednn_primitives  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
 SMALL = dict(d_model=256, d_ff=1024, num_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.05)  # the CPU recipe
@@ -167,6 +167,7 @@ def child(args) -> None:
     device = check_device(args.device)
     if device.type == "cpu":
         keep_freed_cpu_memory()  # as train.py does on a CPU
+        keep_onednn_primitives()
     batches = [{name: tensor.to(device) for name, tensor in batch.items()}
                for batch in torch.load(Path(args.batches_dir) / f"{batches_name}.pt")]  # fmt: skip
     config = model_config(args.preset, json.loads(args.tokenizer_fields))

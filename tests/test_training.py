@@ -576,6 +576,36 @@ def test_keep_freed_cpu_memory_serves_large_blocks_from_the_heap():
     assert result["default"] >= 64 << 20 and result["kept"] is True and result["after"] == 0
 
 
+_ONEDNN_PROBE = """
+import sys, torch
+from vaswani_transformer.trainer import keep_onednn_primitives
+
+if sys.argv[1] == "kept":
+    keep_onednn_primitives()  # before the first product, as the training job does
+weight = torch.ones(32, 32, dtype=torch.bfloat16)
+for _ in range(2):  # 1,100 shapes, twice: more than oneDNN's default 1,024 kernels
+    for rows in range(1, 1101):
+        torch.mm(torch.ones(rows, 32, dtype=torch.bfloat16), weight)
+"""
+
+
+@pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    reason="bf16 products do not go through oneDNN on this CPU",
+)
+def test_keep_onednn_primitives_keeps_the_kernels_of_more_shapes_than_the_default():
+    """oneDNN compiles a kernel per product shape (its verbose log says `create:cache_miss`) and by default keeps the
+    latest 1,024: the second pass over 1,100 shapes compiles them all again; after the call, none."""
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    env.update(helpers.SINGLE_THREAD_ENV, ONEDNN_VERBOSE="all")
+    compiled = {}
+    for mode in ("default", "kept"):
+        run = subprocess.run([sys.executable, "-c", _ONEDNN_PROBE, mode], capture_output=True, text=True, env=env,
+                             check=True)  # fmt: skip
+        compiled[mode] = run.stdout.count("create:cache_miss")
+    assert 1000 <= compiled["kept"] <= 1150 and compiled["default"] >= 2 * compiled["kept"] - 20, compiled
+
+
 class _PoisonWeights(TrainerCallback):
     """Fault injection: make the weights NaN just before update `at + 1` (after checkpoint `at` was saved)."""
 

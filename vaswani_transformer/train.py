@@ -65,6 +65,7 @@ from .trainer import (
     gradient_accumulation_for,
     has_native_bf16,
     keep_freed_cpu_memory,
+    keep_onednn_primitives,
 )
 
 logger = logging.getLogger(__name__)
@@ -501,6 +502,9 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                                            quarantine=training_args.process_index == 0)
     if training_args.keep_freed_cpu_memory and training_args.device.type == "cpu" and keep_freed_cpu_memory():
         logger.info("Training on CPU: freed memory stays in the process (glibc mallopt, keep_freed_cpu_memory).")
+    if training_args.device.type == "cpu":
+        logger.info("Training on CPU: oneDNN keeps up to %s compiled kernels (keep_onednn_primitives).",
+                    keep_onednn_primitives())
 
     with training_args.main_process_first(desc="preparing the data"):
         raw = _prepare_data(model_args, data_args, training_args)

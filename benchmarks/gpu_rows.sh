@@ -6,10 +6,11 @@
 #   bash benchmarks/gpu_rows.sh prepare    # here, with network: wheels and Multi30k's training text into .gpu/
 #   bash benchmarks/gpu_rows.sh run        # there, as the device tool's command, carry [".gpu"]
 #
-# `run` installs the wheels into /tmp/site, prints the versions it runs with, then each benchmark with --device
-# cuda (`DEVICE=cpu NO_INSTALL=1` tries the same commands here, on the CPU, with this Python's packages), each under its own time limit so that one slow table cannot
-# take the others' time: 9 minutes at most (the device tool's `timeout_s`: 600). Each table goes to $OUT/<benchmark>.txt as it is printed ($OUT:
-# the device tool's folder that comes back; runs/gpu_rows here), the scaling plot to $OUT/training_scaling.png.
+# `run` installs the wheels into /tmp/site, prints the versions it runs with, then runs each benchmark with --device
+# cuda under its own time limit, so that one slow table cannot take the others' time: 9 minutes at most (give the
+# device tool `timeout_s` 600). Each table goes to $OUT/<benchmark>.txt as it is printed ($OUT: the device tool's
+# folder that comes back; runs/gpu_rows here), the scaling plot to $OUT/training_scaling.png. `DEVICE=cpu
+# NO_INSTALL=1` tries the same commands here, on the CPU, with this Python's packages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 HERE=.gpu

@@ -31,7 +31,7 @@ from device import add_device_argument, check_device, describe, matmul_peaks, no
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.flops import model_flops_per_target_token, model_flops_utilization
 from vaswani_transformer.modeling_vaswani_transformer import shift_tokens_right
-from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory
+from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory, skip_cudnn_attention
 
 
 def integers(text: str) -> list[int]:
@@ -144,8 +144,11 @@ def main():
         parser.error("need --steps >= 1, --warmup >= 0 and --batch-tokens >= the longest of --lengths")
     torch.set_num_threads(args.threads)
     device = check_device(args.device)
-    # glibc's malloc setting of train.py on a CPU; a GPU's tensors live in PyTorch's CUDA caching allocator
+    # glibc's malloc setting of train.py on a CPU; a GPU's tensors live in PyTorch's CUDA caching allocator, and its
+    # attention skips cuDNN's kernel as train.py's does (trainer.skip_cudnn_attention)
     memory = f"freed memory kept: {keep_freed_cpu_memory()}" if device.type == "cpu" else "CUDA caching allocator"
+    if device.type == "cuda":
+        skip_cudnn_attention()
 
     config = VaswaniTransformerConfig(vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers,
                                       decoder_layers=args.layers, num_heads=args.heads, d_ff=args.d_ff)  # fmt: skip

@@ -12,14 +12,17 @@ glibc's default allocator, then with freed memory kept in the process, as `scrip
 Model FLOPs per step are `vaswani_transformer.flops.model_flops_per_target_token` of the configuration at the batch's
 lengths x its target tokens (the same count for both models: the same configuration); MFU divides the achieved model
 FLOP/s by the matrix-product peak of the precision used (bf16 autocast: the bf16 peak), measured in the same run with
-the same torch threads (`measure_matmul_peak`) on the same device. Each (setting, model) runs in its own child
-process, in the same alternating order (Marian, ours, Marian, ours...), so that its peak memory is its own: peak RSS
-(`device.peak_rss_mib`) on a CPU, PyTorch's peak of allocated GPU memory on a GPU.
+the same torch threads (`measure_matmul_peak`) on the same device. Each (setting, model) runs in the same alternating
+order (Marian, ours, Marian, ours...): on a CPU in its own child process, so that its peak RSS
+(`device.peak_rss_mib`) is its own; on a GPU in this process (a new one would spend longer starting CUDA than timing)
+with PyTorch's peak of allocated GPU memory reset per setting, and attention kept off cuDNN's kernel for both models
+as the training job does (`trainer.skip_cudnn_attention`).
 
     python benchmarks/training_step_speed.py --d-model 256 --layers 3 --heads 4 --d-ff 1024 --vocab 8000
 """
 
 import argparse
+import copy
 import json
 import resource
 import subprocess
@@ -33,7 +36,7 @@ from transformers import MarianConfig, MarianMTModel
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.flops import model_flops_per_target_token, model_flops_utilization
 from vaswani_transformer.modeling_vaswani_transformer import shift_tokens_right
-from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory
+from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory, skip_cudnn_attention
 
 
 def build(kind: str, args, attention: str) -> torch.nn.Module:
@@ -96,22 +99,29 @@ def memory_now_mib(device: torch.device) -> float:
         return peak_memory_mib(device)
 
 
-def child(args) -> None:
-    """Time one (model, precision, attention, allocator) setting in this fresh process; print a JSON line."""
+def child(args) -> dict:
+    """Time one (model, precision, attention, allocator) setting (on a CPU in a fresh process)."""
     kind, precision, attention, memory = args.child.split(",")
     if memory == "kept" and not keep_freed_cpu_memory():
-        return print(json.dumps({"unavailable": True}))  # not glibc: no such setting
+        return {"unavailable": True}  # not glibc: no such setting
     device = check_device(args.device)
+    if device.type == "cuda":
+        skip_cudnn_attention()  # as train.py does on a GPU, for both models
     batch = make_batch(args, device)
     model = build(kind, args, attention).to(device)
     before = memory_now_mib(device)  # imports, model and batch: what the training steps add comes on top
     reset_peak_memory(device)
     seconds = time_steps(model, batch, args.steps, precision == "bf16", device)
-    print(json.dumps({"seconds": seconds, "before_mib": before, "peak_mib": peak_memory_mib(device)}))
+    return {"seconds": seconds, "before_mib": before, "peak_mib": peak_memory_mib(device)}
 
 
 def run_child(args, kind: str, precision: str, attention: str, memory: str) -> dict:
-    """Run `child` in a new Python process with the same model options, torch threads and device."""
+    """Run `child` in a new Python process with the same model options, torch threads and device; in this one on a
+    GPU, where a process costs more than a setting's steps (CUDA's start) and peak memory is reset per setting."""
+    if check_device(args.device).type == "cuda":
+        own = copy.copy(args)
+        own.child = f"{kind},{precision},{attention},{memory}"
+        return child(own)
     options = ["--d-model", args.d_model, "--layers", args.layers, "--heads", args.heads, "--d-ff", args.d_ff,
                "--vocab", args.vocab, "--batch", args.batch, "--length", args.length, "--steps", args.steps,
                "--threads", torch.get_num_threads(), "--device", args.device,
@@ -145,7 +155,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
-        return child(args)
+        return print(json.dumps(child(args)))
     device = check_device(args.device)
     with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_native_bf16(device.type))
 

@@ -1,8 +1,9 @@
 """Training on real Multi30k batches: our model and recipe's step against HF MarianMTModel at the same configuration.
 
-Issue 15, section 1 (a) and (b). Rows, each timed in its own process (models alternating, `--rounds` times), then
-ours against MarianMT on the token batches in one process per precision, alternating update by update: the host this
-project measures on drifts by up to a third within an hour, more than separate processes can tell apart.
+Issue 15, section 1 (a) and (b). Rows, each timed in its own process on a CPU (models alternating, `--rounds`
+times), then ours against MarianMT on the token batches in one process per precision, alternating update by update:
+the host this project measures on drifts by up to a third within an hour, more than separate processes can tell
+apart.
 
 * ours, token batches: our model on the recipe's `TokenBatchSampler` batches (at most `--max-tokens` tokens per side,
   padding included), our loss (`trainer.label_smoothed_cross_entropy`), fused Adam; bf16 autocast with the kernel
@@ -16,8 +17,10 @@ project measures on drifts by up to a third within an hour, more than separate p
   between steps"): weights and activations bf16 throughout, no autocast; the gradients are copied to float32 masters
   that fused Adam updates, and the updated weights copied back.
 
-Runs on `--device` (default: a CUDA GPU when one is present, else the CPU), named in the table's header; on a GPU
-the memory column is PyTorch's peak of allocated GPU memory instead of the process's peak RSS.
+Runs on `--device` (default: a CUDA GPU when one is present, else the CPU), named in the table's header. On a GPU
+the rows run in this process (a new one would spend longer starting CUDA than timing), the memory column is
+PyTorch's peak of allocated GPU memory, reset per row, instead of the process's peak RSS, and both models' attention
+skips cuDNN's kernel, as the training job does (`trainer.skip_cudnn_attention`: it plans every new batch shape).
 
 Real target tokens/s counts non-padding target tokens. Model FLOPs are `flops.training_flops` of each batch's real
 target tokens at its mean real lengths; MFU divides their rate by a matrix-product peak measured in this run.
@@ -45,11 +48,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from device import add_device_argument, check_device, describe, matmul_peaks, memory_label, now  # noqa: E402
-from device import peak_memory_mib  # noqa: E402
+from device import peak_memory_mib, reset_peak_memory  # noqa: E402
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration  # noqa: E402
 from vaswani_transformer.flops import model_flops_utilization, training_flops  # noqa: E402
 from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory, keep_onednn_primitives  # noqa: E402
+from vaswani_transformer.trainer import skip_cudnn_attention  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
 SMALL = dict(d_model=256, d_ff=1024, num_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.05)  # the CPU recipe
@@ -160,19 +164,22 @@ def make_step(kind: str, config: VaswaniTransformerConfig, precision: str, devic
     return step
 
 
-def child(args) -> None:
-    """Time one (model, batches, precision) setting in this fresh process, or with kind "alternate" ours and
-    MarianMT alternating update by update on the token batches; print a JSON line."""
+def child(args) -> dict:
+    """Time one (model, batches, precision) setting, or with kind "alternate" ours and MarianMT alternating update by
+    update on the token batches (on a CPU in a fresh process, whose peak RSS is the setting's own)."""
     kind, batches_name, precision = args.child.split(",")
     device = check_device(args.device)
     if device.type == "cpu":
         keep_freed_cpu_memory()  # as train.py does on a CPU
         keep_onednn_primitives()
+    else:
+        skip_cudnn_attention()  # as train.py does on a GPU, for both models
+        reset_peak_memory(device)
     batches = [{name: tensor.to(device) for name, tensor in batch.items()}
                for batch in torch.load(Path(args.batches_dir) / f"{batches_name}.pt")]  # fmt: skip
     config = model_config(args.preset, json.loads(args.tokenizer_fields))
     if kind == "alternate":
-        return print(json.dumps(alternate(config, precision, device, batches, args.warmup)))
+        return alternate(config, precision, device, batches, args.warmup)
     step = make_step(kind, config, precision, device)
     seconds, tokens, flops = 0.0, 0, 0.0
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -191,9 +198,8 @@ def child(args) -> None:
     if profiler is not None:
         profiler.stop()
         shares = profile_shares(profiler.key_averages(), device)
-    print(json.dumps({"ms": 1000 * seconds / steps, "tok_s": tokens / seconds, "flop_s": flops / seconds,
-                      "memory": peak_memory, "attention": attention_for(precision != "fp32", device),
-                      "profile": shares}))  # fmt: skip
+    return {"ms": 1000 * seconds / steps, "tok_s": tokens / seconds, "flop_s": flops / seconds, "memory": peak_memory,
+            "attention": attention_for(precision != "fp32", device), "profile": shares}
 
 
 def alternate(config, precision: str, device: torch.device, batches: list, warmup: int) -> dict:
@@ -246,6 +252,13 @@ def attention_for(bf16: bool, device: torch.device) -> str:
 
 
 def run_child(args, folder: Path, tokenizer_fields: dict, setting: str, profile: bool = False) -> dict:
+    """`child` of one setting: in a new Python process on a CPU; in this one on a GPU, where a process costs more
+    than a setting's updates (CUDA's start) and peak memory is PyTorch's, reset per setting."""
+    if check_device(args.device).type == "cuda":
+        own = copy.copy(args)
+        own.child, own.profile, own.batches_dir, own.tokenizer_fields = setting, profile, folder, json.dumps(
+            tokenizer_fields)
+        return child(own)
     options = ["--preset", args.preset, "--max-tokens", args.max_tokens, "--steps", args.steps, "--warmup", args.warmup,
                *(["--profile"] if profile else []), "--threads", torch.get_num_threads(), "--batches-dir", folder,
                "--tokenizer-fields", json.dumps(tokenizer_fields), "--device", args.device,
@@ -286,7 +299,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
-        return child(args)
+        return print(json.dumps(child(args)))
     device = check_device(args.device)
     with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_native_bf16(device.type))
     precisions = ["fp32"] + (["bf16"] if with_bf16 else [])

@@ -66,6 +66,7 @@ from .trainer import (
     has_native_bf16,
     keep_freed_cpu_memory,
     keep_onednn_primitives,
+    skip_cudnn_attention,
 )
 
 logger = logging.getLogger(__name__)
@@ -430,6 +431,21 @@ def _load_tokenizer(model_args, data_args, training_args, raw):
         )
 
 
+def prepare_kernels(training_args) -> None:
+    """This process's kernel settings for the device it trains on, each logged: on a CPU freed memory kept
+    (`keep_freed_cpu_memory`, unless turned off) and more oneDNN kernels kept (`keep_onednn_primitives`); on a CUDA GPU
+    SDPA kept off cuDNN's attention (`skip_cudnn_attention`), which builds a plan for each new shape of token batches."""
+    device = training_args.device.type
+    if training_args.keep_freed_cpu_memory and device == "cpu" and keep_freed_cpu_memory():
+        logger.info("Training on CPU: freed memory stays in the process (glibc mallopt, keep_freed_cpu_memory).")
+    if device == "cpu":
+        logger.info("Training on CPU: oneDNN keeps up to %s compiled kernels (keep_onednn_primitives).",
+                    keep_onednn_primitives())
+    if device == "cuda" and skip_cudnn_attention():
+        logger.info("Training on CUDA: attention skips cuDNN's kernel, which plans each new shape "
+                    "(skip_cudnn_attention).")
+
+
 def training_attention(model_args, training_args) -> str | None:
     """The attention kernel to train with: the one asked for; else eager for bf16 on a CPU, where PyTorch's SDPA
     backward runs bf16 no faster than fp32 (eager: ~1.4x, benchmarks/training_step_speed.py); else the default."""
@@ -500,11 +516,7 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
     if training_args.do_train:  # the newest complete checkpoint is found (and a broken one moved aside) by rank 0
         resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir,
                                            quarantine=training_args.process_index == 0)
-    if training_args.keep_freed_cpu_memory and training_args.device.type == "cpu" and keep_freed_cpu_memory():
-        logger.info("Training on CPU: freed memory stays in the process (glibc mallopt, keep_freed_cpu_memory).")
-    if training_args.device.type == "cpu":
-        logger.info("Training on CPU: oneDNN keeps up to %s compiled kernels (keep_onednn_primitives).",
-                    keep_onednn_primitives())
+    prepare_kernels(training_args)
 
     with training_args.main_process_first(desc="preparing the data"):
         raw = _prepare_data(model_args, data_args, training_args)

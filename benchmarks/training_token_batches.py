@@ -27,6 +27,7 @@ target tokens at its mean real lengths; MFU divides their rate by a matrix-produ
 
     python benchmarks/training_token_batches.py                                        # small model, 1024 tokens
     python benchmarks/training_token_batches.py --preset base --max-tokens 2048 --steps 6 --warmup 2
+    python benchmarks/training_token_batches.py --seen-shapes          # after the recipe's first epoch (see --help)
 
 Needs ../shared/data/multi30k (relative to the repository root); trains (once, cached in `--cache-dir`) the recipe's
 8k BPE vocabulary.
@@ -179,8 +180,11 @@ def child(args) -> dict:
                for batch in torch.load(Path(args.batches_dir) / f"{batches_name}.pt")]  # fmt: skip
     config = model_config(args.preset, json.loads(args.tokenizer_fields))
     if kind == "alternate":
-        return alternate(config, precision, device, batches, args.warmup)
+        return alternate(config, precision, device, batches, args.warmup, args.seen_shapes)
     step = make_step(kind, config, precision, device)
+    if args.seen_shapes:  # an untimed first pass over the same batches: their shapes' kernels are compiled and kept
+        for batch in batches:
+            step(batch)
     seconds, tokens, flops = 0.0, 0, 0.0
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -202,11 +206,11 @@ def child(args) -> dict:
             "attention": attention_for(precision != "fp32", device), "profile": shares}
 
 
-def alternate(config, precision: str, device: torch.device, batches: list, warmup: int) -> dict:
+def alternate(config, precision: str, device: torch.device, batches: list, warmup: int, seen_shapes: bool) -> dict:
     """Ours and MarianMT in one process, alternating update by update on the same batches (ours first on even
     updates, Marian first on odd ones), so that the host's drift hits both alike: mean ms / update of each."""
     steps = {kind: make_step(kind, config, precision, device) for kind in ("ours", "marian")}
-    for batch in batches[:warmup]:
+    for batch in batches if seen_shapes else batches[:warmup]:
         for step in steps.values():
             step(batch)
     seconds = dict.fromkeys(steps, 0.0)
@@ -260,7 +264,8 @@ def run_child(args, folder: Path, tokenizer_fields: dict, setting: str, profile:
             tokenizer_fields)
         return child(own)
     options = ["--preset", args.preset, "--max-tokens", args.max_tokens, "--steps", args.steps, "--warmup", args.warmup,
-               *(["--profile"] if profile else []), "--threads", torch.get_num_threads(), "--batches-dir", folder,
+               *(["--profile"] if profile else []), *(["--seen-shapes"] if args.seen_shapes else []),
+               "--threads", torch.get_num_threads(), "--batches-dir", folder,
                "--tokenizer-fields", json.dumps(tokenizer_fields), "--device", args.device,
                "--child", setting]  # fmt: skip
     done = subprocess.run([sys.executable, __file__, *map(str, options)], capture_output=True, text=True, check=False)
@@ -287,6 +292,10 @@ def main():
                         help="also time bf16 autocast; auto: where the CPU multiplies bf16 in hardware")
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "multi30k")
     parser.add_argument("--cache-dir", default=str(REPO / "runs" / "benchmark_cache"))
+    parser.add_argument("--seen-shapes", action="store_true",
+                        help="train on every batch once, untimed, before the warm-up and timed updates: the steady "
+                             "state of a recipe after its first epoch, whose batch shapes oneDNN has compiled kernels "
+                             "for (bf16 on a CPU; a 30-update run otherwise times their compilation as well)")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one more run of each token-batch row and print where the time goes")
     parser.add_argument("--bf16-model", action="store_true",
@@ -311,6 +320,7 @@ def main():
         print(f"{args.preset} model (d_model {config.d_model}, d_ff {config.d_ff}, h {config.num_heads}, "
               f"{config.encoder_layers}+{config.decoder_layers} layers, vocabulary {config.vocab_size}), Multi30k "
               f"train batches: token batches of <= {args.max_tokens} tokens per side, or random 64 sentences; "
+              f"{'an untimed pass over the batches, then ' if args.seen_shapes else ''}"
               f"{args.warmup} untimed + {args.steps} timed updates, median of {args.rounds} runs; {describe(device)}, "
               f"native bf16 {has_native_bf16(device.type)}; measured {size}^3 matmul peak "
               + ", ".join(f"{p} {peak[p] / 1e9:.0f} GFLOP/s" for p in precisions))

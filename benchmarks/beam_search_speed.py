@@ -30,6 +30,10 @@ sentence leaves it).
 `--kernels` (CPU) adds a table of the decoder's linear layers alone, per weight shape: torch's product against
 oneDNN's on a packed copy of the weight, and the packing.
 
+`--dtype bfloat16` runs both models in bf16 (weights and activations); `--cudnn-attention off` keeps attention off
+cuDNN's kernel (on a GPU, where PyTorch picks it for bf16 and cuDNN plans every new shape: the key length grows every
+step).
+
 `--split` adds a table of where the time of the fixed-length decoding goes, per step, for ours and MarianMTModel
 (forward hooks, wall time): the output layer, the other linear layers, the rest of the model's forward pass, and the
 search around it (our linear layers' time includes packing their weights, on a CPU, at their fourth use).
@@ -52,6 +56,7 @@ from device import add_device_argument, check_device, describe, now
 from transformers import AutoTokenizer, CompileConfig, MarianConfig, MarianMTModel
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
+from vaswani_transformer.trainer import skip_cudnn_attention
 
 
 def sources(batch_size: int, length: int, vocab_size: int, seed: int):
@@ -198,6 +203,11 @@ def main():
                              "a packed weight, and the packing, per weight shape (CPU)")  # fmt: skip
     parser.add_argument("--split", action="store_true",
                         help="add a table of where the time of a fixed-length decoding step goes (ours, MarianMT)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="both models' weights and activations (default float32)")
+    parser.add_argument("--cudnn-attention", choices=("default", "off"), default="default",
+                        help="off: keep SDPA off cuDNN's attention kernel, as training on a GPU does "
+                             "(trainer.skip_cudnn_attention); PyTorch picks it for bf16 on recent GPUs")  # fmt: skip
     add_device_argument(parser)
     args = parser.parse_args()
     if (args.model is None) != (args.sources is None):
@@ -226,7 +236,10 @@ def main():
             eos = ours.lm_head.weight[2]
             ours.model.decoder.layers[-1].feed_forward_residual.layer_norm.bias.copy_(args.eos_bias * eos / eos.norm())
     marian = marian_with_the_same_weights(ours)  # built and checked on the CPU, then moved
-    ours, marian = ours.to(device), marian.to(device)
+    dtype = getattr(torch, args.dtype)
+    ours, marian = ours.to(device, dtype), marian.to(device, dtype)
+    if args.cudnn_attention == "off":
+        skip_cudnn_attention()
     inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
     longest = int(inputs["attention_mask"].sum(-1).max())
     scenarios = {
@@ -241,7 +254,7 @@ def main():
         f"# {describe(device)}\n# batch {args.batch_size}, "
         f"{what}, beam {args.num_beams}, vocab "
         f"{args.vocab_size}, {args.threads} thread(s), best {clock} of {args.repeats}; fixed: {args.new_tokens} "
-        f"steps, natural: eos bias {args.eos_bias}\n"
+        f"steps, natural: eos bias {args.eos_bias}; {args.dtype}, cuDNN attention {args.cudnn_attention}\n"
     )
     compile_config = CompileConfig(fullgraph=True, dynamic=False)  # transformers' defaults otherwise
     compile_config._compile_all_devices = True  # transformers compiles on CPUs only when asked to

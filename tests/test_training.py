@@ -610,7 +610,7 @@ def test_keep_onednn_primitives_keeps_the_kernels_of_more_shapes_than_the_defaul
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_prepare_kernels_keeps_attention_off_cudnn_on_a_gpu_only(device, monkeypatch):
-    """cuDNN's attention plans every new shape (measured on an H100: bf16 updates on changing token batches 7x
+    """cuDNN's attention plans every new shape (measured on an H100: bf16 updates on changing token batches 6-8x
     slower); a training job on a GPU turns it off for its process, one on a CPU leaves the switch as it was."""
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     was = torch.backends.cuda.cudnn_sdp_enabled()

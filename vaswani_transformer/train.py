@@ -681,6 +681,7 @@ __all__ = [
     "main",
     "parse_arguments",
     "parse_config_overrides",
+    "prepare_kernels",
     "preset_training_defaults",
     "run_from_args",
     "run_training",

@@ -53,8 +53,8 @@ from device import peak_memory_mib, reset_peak_memory  # noqa: E402
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration  # noqa: E402
 from vaswani_transformer.flops import model_flops_utilization, training_flops  # noqa: E402
-from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory, keep_onednn_primitives  # noqa: E402
-from vaswani_transformer.trainer import skip_cudnn_attention  # noqa: E402
+from vaswani_transformer.train import prepare_kernels  # noqa: E402
+from vaswani_transformer.trainer import has_native_bf16  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
 SMALL = dict(d_model=256, d_ff=1024, num_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.05)  # the CPU recipe
@@ -170,12 +170,8 @@ def child(args) -> dict:
     update on the token batches (on a CPU in a fresh process, whose peak RSS is the setting's own)."""
     kind, batches_name, precision = args.child.split(",")
     device = check_device(args.device)
-    if device.type == "cpu":
-        keep_freed_cpu_memory()  # as train.py does on a CPU
-        keep_onednn_primitives()
-    else:
-        skip_cudnn_attention()  # as train.py does on a GPU, for both models
-        reset_peak_memory(device)
+    prepare_kernels(SimpleNamespace(device=device, keep_freed_cpu_memory=True))  # as train.py does, for both models
+    reset_peak_memory(device)  # on a GPU rows share this process; on a CPU this is a fresh one
     batches = [{name: tensor.to(device) for name, tensor in batch.items()}
                for batch in torch.load(Path(args.batches_dir) / f"{batches_name}.pt")]  # fmt: skip
     config = model_config(args.preset, json.loads(args.tokenizer_fields))

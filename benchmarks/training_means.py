@@ -8,7 +8,8 @@ first on odd ones): drift and caches hit both alike.
 
 The recipe's step is how `configs/multi30k_cpu.yaml` trains: our model, bf16 autocast where the device multiplies
 bf16 in hardware (fp32 elsewhere) with the attention kernel `train.training_attention` picks, our dropout, the
-blocked label-smoothed loss (`trainer.label_smoothed_cross_entropy`) on logits in the compute dtype, fused Adam.
+blocked label-smoothed loss (`trainer.label_smoothed_cross_entropy`) on logits in the compute dtype, fused Adam;
+the kernel settings of `train.prepare_kernels` (on a GPU, attention kept off cuDNN's kernel, as the training job does).
 Each row changes one thing:
 
 * `compile`: `torch.compile(model, dynamic=True)` (compiled during the untimed warm-up; its seconds are printed);
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
@@ -47,7 +49,8 @@ from device import add_device_argument, check_device, describe, now  # noqa: E40
 from training_token_batches import attention_for, build, model_config, optimizer_step, prepare_batches  # noqa: E402
 
 from vaswani_transformer.modeling_vaswani_transformer import Dropout  # noqa: E402
-from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory, keep_onednn_primitives  # noqa: E402
+from vaswani_transformer.train import prepare_kernels  # noqa: E402
+from vaswani_transformer.trainer import has_native_bf16  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
 MEANS = ("compile", "attention", "bernoulli-dropout", "plain-loss", "fp32-logits", "bf16-model")
@@ -146,9 +149,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     device = check_device(args.device)
-    if device.type == "cpu":
-        keep_freed_cpu_memory()  # as train.py does on a CPU
-        keep_onednn_primitives()
+    prepare_kernels(SimpleNamespace(device=device, keep_freed_cpu_memory=True))  # as train.py does, for both steps
     bf16 = has_native_bf16(device.type)
     skipped = [*(CPU_ONLY if device.type != "cpu" else ()), *(BF16_ONLY if not bf16 else ())]
     means = [m for m in args.means if m not in skipped]

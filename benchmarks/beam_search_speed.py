@@ -25,7 +25,9 @@ sentences, e.g. test_2016_flickr.en) the weights and sources are real, and "natu
 (no eos bias); the first `--batch-size` lines are the batch.
 
 `--compiled` adds ours with a static cache and a compiled decoding step (the batch stays whole: no finished
-sentence leaves it).
+sentence leaves it), and MarianMTModel asked for the same (`cache_implementation="static"`, the same
+`compile_config`): transformers' beam search accepts both but compiles no step, so its row shows what a Marian user
+gets from asking.
 
 `--kernels` (CPU) adds a table of the decoder's linear layers alone, per weight shape: torch's product against
 oneDNN's on a packed copy of the weight, and the packing.
@@ -196,8 +198,8 @@ def main():
     parser.add_argument("--model", help="one of our trained model folders instead of random weights")
     parser.add_argument("--sources", help="with --model: a file of source sentences (the first --batch-size lines)")
     parser.add_argument("--compiled", action="store_true",
-                        help="add a row: ours with a static cache and the decoding step compiled (torch.compile, "
-                             "inductor; the warm-up call compiles, not timed)")  # fmt: skip
+                        help="add rows: ours with a static cache and the decoding step compiled (torch.compile, "
+                             "inductor; the warm-up call compiles, not timed), and MarianMTModel asked for the same")  # fmt: skip
     parser.add_argument("--kernels", action="store_true",
                         help="add a table of the decoder's linear layers alone: torch's product against oneDNN's on "
                              "a packed weight, and the packing, per weight shape (CPU)")  # fmt: skip
@@ -282,6 +284,12 @@ def main():
             "MarianMTModel, early_stopping='never'": lambda **x: marian.generate(
                 **x, **common, **hf_length, early_stopping="never"
             ),
+            # The same options for MarianMTModel: transformers' beam search takes them but compiles no step (only
+            # its sampling and assisted decoding do), so this row shows what asking for them gives a Marian user.
+            **({"MarianMTModel, static cache, compile_config": lambda **x: marian.generate(
+                **x, **common, **hf_length, early_stopping=True, cache_implementation="static",
+                compile_config=compile_config,
+            )} if args.compiled else {}),
         }
         seconds = timed(runs, inputs, args.repeats, device)
         # Same weights, same loop: the comparison is of like with like.

@@ -18,10 +18,17 @@ Each row changes one thing:
 * `plain-loss`: `F.cross_entropy(logits.float(), label_smoothing=0.1)` in place of the blocked loss;
 * `fp32-logits`: the logits cast to float32 before the loss, as accelerate's mixed-precision wrapper returned them
   before `trainer.outputs_in_compute_dtype`;
-* `bf16-model`: the model in bf16 with float32 master weights for fused Adam, no autocast.
+* `bf16-model`: the model in bf16 with float32 master weights for fused Adam, no autocast;
+* `sparse-embedding-grads`: the token embeddings, tied to the output layer, give sparse gradients that the output
+  layer's dense gradient takes (the zeroed vocabulary-sized gradient of each lookup: 3 ms of the small model's
+  update, 13 of the base one's, in a profile);
+* `cast-once`: each attention layer's float32 input cast to bf16 once for its Q, K and V projections, not once per
+  projection as autocast does (their gradients then sum in bf16: a numerics change);
+* `compile-sublayers`: `torch.compile(dynamic=True)` of each residual connection (dropout, add, LayerNorm) only.
 
 The last column is the recipe's time over the changed step's: below 1x the change is slower. On a GPU our dropout
-and loss are torch's own, so those rows are skipped there; in fp32 (no native bf16) the last two are.
+and loss are torch's own, so those rows are skipped there; in fp32 (no native bf16) `fp32-logits`, `bf16-model` and
+`cast-once` are.
 
     python benchmarks/training_means.py                          # small model, 1024-token batches, all rows
     python benchmarks/training_means.py --means compile attention --steps 100
@@ -48,14 +55,16 @@ sys.path.insert(0, str(REPO))
 from device import add_device_argument, check_device, describe, now  # noqa: E402
 from training_token_batches import attention_for, build, model_config, optimizer_step, prepare_batches  # noqa: E402
 
-from vaswani_transformer.modeling_vaswani_transformer import Dropout  # noqa: E402
+from vaswani_transformer.modeling_vaswani_transformer import Dropout, MultiHeadAttention  # noqa: E402
+from vaswani_transformer.modeling_vaswani_transformer import SublayerConnection  # noqa: E402
 from vaswani_transformer.train import prepare_kernels  # noqa: E402
 from vaswani_transformer.trainer import has_native_bf16  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
-MEANS = ("compile", "attention", "bernoulli-dropout", "plain-loss", "fp32-logits", "bf16-model")
+MEANS = ("compile", "attention", "bernoulli-dropout", "plain-loss", "fp32-logits", "bf16-model", "sparse-embedding-grads",
+         "cast-once", "compile-sublayers")  # fmt: skip
 CPU_ONLY = ("bernoulli-dropout", "plain-loss")  # elsewhere ours are torch's own dropout and cross-entropy
-BF16_ONLY = ("fp32-logits", "bf16-model")
+BF16_ONLY = ("fp32-logits", "bf16-model", "cast-once")
 
 
 class Step:
@@ -98,6 +107,44 @@ def with_torch_dropout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def with_sparse_embedding_gradients(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with the token embeddings that share the output layer's weight giving sparse gradients: the output
+    layer's dense gradient takes their rows, instead of a vocabulary-sized zeroed gradient per lookup."""
+    tied = model.get_output_embeddings().weight
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and module.weight is tied:
+            module.sparse = True
+    return model
+
+
+def _cast_attention_inputs(module, args, kwargs):
+    """Forward pre-hook: under autocast, the attention layer's inputs in the autocast dtype (one cast each)."""
+    device_type = args[0].device.type
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    dtype = torch.get_autocast_dtype(device_type)
+    if kwargs.get("key_value_states") is not None:
+        kwargs["key_value_states"] = kwargs["key_value_states"].to(dtype)
+    return (args[0].to(dtype), *args[1:]), kwargs
+
+
+def with_attention_inputs_cast_once(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with each attention layer's input cast to the autocast dtype once for its Q, K and V projections
+    (autocast casts a float32 input once per projection); the projections' input gradients then meet in that dtype."""
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.register_forward_pre_hook(_cast_attention_inputs, with_kwargs=True)
+    return model
+
+
+def with_compiled_sublayer_connections(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with each residual connection (dropout, add, LayerNorm) compiled: `torch.compile(dynamic=True)`."""
+    for module in model.modules():
+        if isinstance(module, SublayerConnection):
+            module.compile(dynamic=True)
+    return model
+
+
 def changed_step(means: str, config, device, bf16: bool, attention: str) -> tuple[str, Step]:
     """(the row's description, the step with `means` applied)."""
     other = "sdpa" if attention == "eager" else "eager"
@@ -114,6 +161,16 @@ def changed_step(means: str, config, device, bf16: bool, attention: str) -> tupl
         return "logits cast to float32 before the loss", Step(model, device, bf16, fp32_logits=True)
     if means == "bf16-model":
         return "bf16 model, float32 master weights, no autocast", Step(model.to(torch.bfloat16), device, bf16)
+    if means == "sparse-embedding-grads":
+        return "sparse embedding gradients, into the tied output layer's", Step(
+            with_sparse_embedding_gradients(model), device, bf16
+        )
+    if means == "cast-once":
+        return "attention inputs cast once, not per projection", Step(
+            with_attention_inputs_cast_once(model), device, bf16
+        )
+    if means == "compile-sublayers":
+        return "compiled residual connections only", Step(with_compiled_sublayer_connections(model), device, bf16)
     raise ValueError(f"unknown means {means!r}; one of {MEANS}")
 
 

@@ -199,7 +199,8 @@ def main():
     parser.add_argument("--sources", help="with --model: a file of source sentences (the first --batch-size lines)")
     parser.add_argument("--compiled", action="store_true",
                         help="add rows: ours with a static cache and the decoding step compiled (torch.compile, "
-                             "inductor; the warm-up call compiles, not timed), and MarianMTModel asked for the same")  # fmt: skip
+                             "inductor; the warm-up call compiles, not timed), and MarianMTModel asked for the "
+                             "same")  # fmt: skip
     parser.add_argument("--kernels", action="store_true",
                         help="add a table of the decoder's linear layers alone: torch's product against oneDNN's on "
                              "a packed weight, and the packing, per weight shape (CPU)")  # fmt: skip

@@ -61,8 +61,8 @@ from vaswani_transformer.train import prepare_kernels  # noqa: E402
 from vaswani_transformer.trainer import has_native_bf16  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
-MEANS = ("compile", "attention", "bernoulli-dropout", "plain-loss", "fp32-logits", "bf16-model", "sparse-embedding-grads",
-         "cast-once", "compile-sublayers")  # fmt: skip
+MEANS = ("compile", "attention", "bernoulli-dropout", "plain-loss", "fp32-logits", "bf16-model",
+         "sparse-embedding-grads", "cast-once", "compile-sublayers")  # fmt: skip
 CPU_ONLY = ("bernoulli-dropout", "plain-loss")  # elsewhere ours are torch's own dropout and cross-entropy
 BF16_ONLY = ("fp32-logits", "bf16-model", "cast-once")
 

@@ -44,7 +44,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
@@ -206,7 +205,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     device = check_device(args.device)
-    prepare_kernels(SimpleNamespace(device=device, keep_freed_cpu_memory=True))  # as train.py does, for both steps
+    prepare_kernels(device)  # as train.py does, for both steps
     bf16 = has_native_bf16(device.type)
     skipped = [*(CPU_ONLY if device.type != "cpu" else ()), *(BF16_ONLY if not bf16 else ())]
     means = [m for m in args.means if m not in skipped]

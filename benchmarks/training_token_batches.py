@@ -170,7 +170,7 @@ def child(args) -> dict:
     update on the token batches (on a CPU in a fresh process, whose peak RSS is the setting's own)."""
     kind, batches_name, precision = args.child.split(",")
     device = check_device(args.device)
-    prepare_kernels(SimpleNamespace(device=device, keep_freed_cpu_memory=True))  # as train.py does, for both models
+    prepare_kernels(device)  # as train.py does, for both models
     reset_peak_memory(device)  # on a GPU rows share this process; on a CPU this is a fresh one
     batches = [{name: tensor.to(device) for name, tensor in batch.items()}
                for batch in torch.load(Path(args.batches_dir) / f"{batches_name}.pt")]  # fmt: skip

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -616,7 +615,7 @@ def test_prepare_kernels_keeps_attention_off_cudnn_on_a_gpu_only(device, monkeyp
     was = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(True)
     try:
-        prepare_kernels(SimpleNamespace(device=torch.device(device), keep_freed_cpu_memory=False))
+        prepare_kernels(torch.device(device), keep_freed_memory=False)
         assert torch.backends.cuda.cudnn_sdp_enabled() == (device == "cpu")
         assert ("ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ) == (device == "cpu")
     finally:

@@ -431,12 +431,13 @@ def _load_tokenizer(model_args, data_args, training_args, raw):
         )
 
 
-def prepare_kernels(training_args) -> None:
-    """This process's kernel settings for the device it trains on, each logged: on a CPU freed memory kept
-    (`keep_freed_cpu_memory`, unless turned off) and more oneDNN kernels kept (`keep_onednn_primitives`); on a CUDA GPU
-    SDPA kept off cuDNN's attention (`skip_cudnn_attention`), which builds a plan for each new shape of token batches."""
-    device = training_args.device.type
-    if training_args.keep_freed_cpu_memory and device == "cpu" and keep_freed_cpu_memory():
+def prepare_kernels(device: torch.device, keep_freed_memory: bool = True) -> None:
+    """This process's kernel settings for training on `device`, each logged: on a CPU freed memory kept
+    (`keep_freed_cpu_memory`, unless `keep_freed_memory` is False) and more oneDNN kernels kept
+    (`keep_onednn_primitives`); on a CUDA GPU SDPA kept off cuDNN's attention (`skip_cudnn_attention`), which builds a
+    plan for each new shape of token batches."""
+    device = device.type
+    if keep_freed_memory and device == "cpu" and keep_freed_cpu_memory():
         logger.info("Training on CPU: freed memory stays in the process (glibc mallopt, keep_freed_cpu_memory).")
     if device == "cpu":
         logger.info("Training on CPU: oneDNN keeps up to %s compiled kernels (keep_onednn_primitives).",
@@ -516,7 +517,7 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
     if training_args.do_train:  # the newest complete checkpoint is found (and a broken one moved aside) by rank 0
         resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir,
                                            quarantine=training_args.process_index == 0)
-    prepare_kernels(training_args)
+    prepare_kernels(training_args.device, training_args.keep_freed_cpu_memory)
 
     with training_args.main_process_first(desc="preparing the data"):
         raw = _prepare_data(model_args, data_args, training_args)

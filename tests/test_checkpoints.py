@@ -264,3 +264,23 @@ def test_cli_averages_trainer_checkpoints(tmp_path):
     command[command.index("2")] = "5"
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1 and "found only 2 valid" in done.stderr
+
+
+def test_cli_averages_the_listed_checkpoints(tmp_path):
+    """The help's second example: checkpoint folders named one by one are averaged, all of them (the default 5 of a
+    run directory does not apply), and one of them incomplete is an error, not a smaller average."""
+    run = make_run(tmp_path / "run", [1, 2, 3])
+    listed = [run / "checkpoint-1", run / "checkpoint-3"]
+    command = [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), *map(str, listed),
+               "--output_dir", str(tmp_path / "avg")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert_weights(AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg"), expected_mean(listed))
+    assert json.loads((tmp_path / "avg" / AVERAGING_RECORD_NAME).read_text())["checkpoints"] == [str(p) for p in listed]
+
+    (run / "checkpoint-3" / "trainer_state.json").unlink()
+    command[-1] = str(tmp_path / "avg2")
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1 and "found only 1 valid" in done.stderr and "checkpoint-3" in done.stderr
+    assert not (tmp_path / "avg2").exists()

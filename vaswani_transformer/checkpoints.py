@@ -449,7 +449,7 @@ Average the last K checkpoints of a training run into a model folder that `from_
 Paper (Section 6.1): the base models average the last 5 checkpoints, the big models the last 20.
 
     %(prog)s runs/base --num_last 5 --output_dir runs/base/averaged
-    %(prog)s runs/base/checkpoint-90000 runs/base/checkpoint-100000 --output_dir avg
+    %(prog)s runs/base/checkpoint-90000 runs/base/checkpoint-100000 --output_dir avg    # these two
 
 Incomplete checkpoints (no model.safetensors or trainer_state.json, or a file that does not load: a safetensors
 file cut short, JSON that does not parse, a torch archive cut short) are skipped with a warning naming the file;
@@ -465,14 +465,16 @@ def main(argv: list[str] | None = None) -> int:
         help="A run directory holding checkpoint-<step> folders, or several checkpoint folders.",
     )
     parser.add_argument(
-        "--num_last", "--num-last", type=int, default=DEFAULT_NUM_LAST,
-        help=f"Number of newest valid checkpoints to average (default {DEFAULT_NUM_LAST}; paper: 5 base, 20 big; "
-        "0 = all).",
+        "--num_last", "--num-last", type=int, default=None,
+        help=f"Number of newest valid checkpoints to average (default: {DEFAULT_NUM_LAST} of a run directory; every "
+        "listed checkpoint folder, each of which must be valid; paper: 5 base, 20 big; 0 = all valid ones).",
     )
     parser.add_argument("--output_dir", "--output-dir", required=True, help="Folder for the averaged model.")
     args = parser.parse_args(argv)
-    if args.num_last < 0:
+    if args.num_last is not None and args.num_last < 0:
         parser.error(f"--num_last must be >= 0, got {args.num_last}.")
+    if args.num_last is None:  # folders named one by one are the ones wanted, each of them
+        args.num_last = DEFAULT_NUM_LAST if len(args.checkpoints) == 1 else len(args.checkpoints)
 
     if problem := cli.output_path_problem(args.output_dir, "--output_dir", directory=True):
         print(f"error: {problem}", file=sys.stderr)

@@ -259,13 +259,31 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     return recipe
 
 
+_CLI_DESCRIPTION = """\
+Train a Transformer with the paper's recipe through transformers' Seq2SeqTrainer, in one process or under
+`accelerate launch`. The first argument may be a recipe file (.yaml, .yml or .json) whose keys are the options below;
+options written after it override its values.
+
+    vaswani-train configs/quickstart.yaml
+    accelerate launch scripts/train.py configs/multi30k_cpu.yaml --max_steps 2000 --output_dir runs/m30k
+"""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written (its example lines), each option with its default (HfArgumentParser's own)."""
+
+
 def parse_arguments(argv: list[str] | None = None):
     """``(model_args, data_args, training_args)`` from the command line.
 
     The first argument may be a ``.yaml``/``.yml``/``.json`` recipe; further ``--flags`` override its values.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser(ARGUMENT_CLASSES, allow_abbrev=False)  # --max_step is not --max_steps
+    parser = HfArgumentParser(
+        ARGUMENT_CLASSES, allow_abbrev=False,  # --max_step is not --max_steps
+        usage="%(prog)s [RECIPE.yaml] [--option VALUE ...]", description=_CLI_DESCRIPTION,
+        formatter_class=_HelpFormatter,
+    )  # fmt: skip
     recipe: dict[str, Any] = {}
     if argv and not argv[0].startswith("-") and Path(argv[0]).suffix.lower() in (".yaml", ".yml", ".json"):
         recipe = load_recipe(argv.pop(0))

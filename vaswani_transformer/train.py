@@ -454,13 +454,12 @@ def prepare_kernels(device: torch.device, keep_freed_memory: bool = True) -> Non
     (`keep_freed_cpu_memory`, unless `keep_freed_memory` is False) and more oneDNN kernels kept
     (`keep_onednn_primitives`); on a CUDA GPU SDPA kept off cuDNN's attention (`skip_cudnn_attention`), which builds a
     plan for each new shape of token batches."""
-    device = device.type
-    if keep_freed_memory and device == "cpu" and keep_freed_cpu_memory():
-        logger.info("Training on CPU: freed memory stays in the process (glibc mallopt, keep_freed_cpu_memory).")
-    if device == "cpu":
+    if device.type == "cpu":
+        if keep_freed_memory and keep_freed_cpu_memory():
+            logger.info("Training on CPU: freed memory stays in the process (glibc mallopt, keep_freed_cpu_memory).")
         logger.info("Training on CPU: oneDNN keeps up to %s compiled kernels (keep_onednn_primitives).",
                     keep_onednn_primitives())
-    if device == "cuda" and skip_cudnn_attention():
+    if device.type == "cuda" and skip_cudnn_attention():
         logger.info("Training on CUDA: attention skips cuDNN's kernel, which plans each new shape "
                     "(skip_cudnn_attention).")
 

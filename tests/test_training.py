@@ -927,6 +927,24 @@ def test_length_penalty_grid_in_a_training_run(tmp_path):
     assert not (tmp_path / "out2").exists() or not list((tmp_path / "out2").glob("checkpoint-*"))
 
 
+def test_evaluating_during_training_leaves_the_training_unchanged(tmp_path):
+    """Evaluations every 4 updates (the loss and BLEU of beam-search decoding) leave a run's losses and final weights
+    exactly as without them: the evaluation's DataLoader draws a seed from torch's generator, the one the dropout
+    masks come from (before the fix the losses parted from the 5th update on)."""
+    from safetensors.torch import load_file
+
+    data = write_fixture(tmp_path / "data", n_train=80)
+    common = ("--max_steps", "12", "--config_overrides", TINY_MODEL.replace("dropout=0.1", "dropout=0.3"),
+              "--generation_num_beams", "2")
+    run_from_args(tiny_args(data, tmp_path / "plain", *common))
+    run_from_args(tiny_args(data, tmp_path / "evaluated", *common, "--eval_strategy", "steps", "--eval_steps", "4"))
+    history = json.loads((tmp_path / "evaluated" / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in history if "eval_bleu" in h] == [4, 8, 12]
+    assert losses(tmp_path / "evaluated" / "trainer_state.json") == losses(tmp_path / "plain" / "trainer_state.json")
+    plain, evaluated = (load_file(tmp_path / name / "model.safetensors") for name in ("plain", "evaluated"))
+    assert all(torch.equal(plain[key], evaluated[key]) for key in plain)
+
+
 def test_gradient_norm_logged_without_computing_it_every_update(tmp_path):
     """Without clipping, the gradient norm is computed only for the updates the log shows (first, every 2nd): the log
     has it at updates 1, 2 and 4 with the values that a run whose clipping computes it anyway (max_grad_norm 1e9,

@@ -688,6 +688,16 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         really_missing = [k for k in load_result.missing_keys if not (k in tied and tied[k] not in missing)]
         super()._issue_warnings_after_load(load_result._replace(missing_keys=really_missing))
 
+    def evaluate(self, *args, **kwargs):
+        """transformers' evaluation, leaving torch's random state as it found it: its DataLoader draws a seed from
+        torch's generator, so an evaluation during training would change every later dropout mask (the trained model
+        would depend on ``eval_steps``)."""
+        device = self.args.device
+        accelerator = device.type not in ("cpu", "meta")
+        with torch.random.fork_rng(devices=[device] if accelerator else [],
+                                   device_type=device.type if accelerator else None):
+            return super().evaluate(*args, **kwargs)
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Loss on the batch plus ``generate`` from the source only (the model's generation config: the paper's
         beam search). Unlike `Seq2SeqTrainer`, ``labels`` are not passed to ``generate``."""

@@ -945,6 +945,31 @@ def test_evaluating_during_training_leaves_the_training_unchanged(tmp_path):
     assert all(torch.equal(plain[key], evaluated[key]) for key in plain)
 
 
+def test_averaging_reports_the_validation_score_before_it(tmp_path, caplog, capsys):
+    """With averaging and do_eval, the results hold the validation metrics of the model before averaging: the numbers
+    a run without averaging (same seed and data) reports for its final model, whether the Trainer evaluated at the
+    last update (reused; evaluations leave the training as it was) or not (evaluated then). Both scores are printed, and a warning says when averaging made the
+    score worse: here the loss (no decoding), after 12 fast-changing updates averaged with the 4th and 8th."""
+    data = write_fixture(tmp_path / "data", n_train=80)
+    common = ("--max_steps", "12", "--save_steps", "4", "--do_eval", "--predict_with_generate", "false")
+    plain = run_from_args(tiny_args(data, tmp_path / "plain", *common))
+    evaluated = run_from_args(tiny_args(data, tmp_path / "evaluated", *common, "--average_last_checkpoints", "3"))
+    reused = run_from_args(tiny_args(data, tmp_path / "reused", *common, "--average_last_checkpoints", "3",
+                                     "--eval_strategy", "steps", "--eval_steps", "6"))  # fmt: skip
+    final_loss = plain["eval"]["eval_loss"]
+    assert "eval_before_averaging" not in plain
+    for result in (evaluated, reused):
+        assert result["eval_before_averaging"]["eval_loss"] == pytest.approx(final_loss, rel=1e-6)
+        assert result["eval"]["eval_loss"] > final_loss  # the averaged model, worse here
+    assert json.loads((tmp_path / "reused" / "training_summary.json").read_text())["eval_before_averaging"] == \
+        reused["eval_before_averaging"]
+    printed = capsys.readouterr().out
+    assert printed.count(f"Validation loss: {evaluated['eval']['eval_loss']:.4g} averaged (last 3 checkpoints), "
+                         f"{final_loss:.4g} before averaging") == 2
+    warned = [r.getMessage() for r in caplog.records if "made the validation loss worse" in r.getMessage()]
+    assert len(warned) == 2 and warned[0].startswith("Averaging the last 3 checkpoints made the validation loss worse")
+
+
 def test_gradient_norm_logged_without_computing_it_every_update(tmp_path):
     """Without clipping, the gradient norm is computed only for the updates the log shows (first, every 2nd): the log
     has it at updates 1, 2 and 4 with the values that a run whose clipping computes it anyway (max_grad_norm 1e9,

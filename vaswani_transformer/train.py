@@ -11,7 +11,8 @@ source longer than a learned-position model takes is truncated with a warning na
 
 Checkpoints: ``resume_from_checkpoint="latest"`` resumes from the newest *complete* checkpoint
 (:mod:`vaswani_transformer.checkpoints`, the rule averaging uses too); ``average_last_checkpoints`` averages the
-last ones at the end and evaluates the averaged model.
+last ones at the end and evaluates the averaged model; with ``do_eval`` it prints the validation score before and
+after averaging (``eval_before_averaging`` in the results) and warns when averaging made it worse.
 
 :func:`run_training` is the whole job (data, tokenizer, model, training, checkpoint averaging, test BLEU, example
 translations, summary); :func:`main` parses the command line for it.
@@ -517,7 +518,8 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                  training_args: VaswaniTrainingArguments, callbacks: list | None = None) -> dict[str, Any]:
     """The whole job: data -> tokenizer -> model -> train -> (average) -> test BLEU -> examples -> summary.
 
-    Returns a dict with ``summary``, ``eval`` and ``test`` metrics and ``examples``; also written to
+    Returns a dict with ``summary``, ``eval`` and ``test`` metrics (of the averaged model when averaging; then also
+    ``eval_before_averaging``) and ``examples``; also written to
     ``output_dir/training_summary.json`` by the main process.
     """
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO
@@ -599,6 +601,9 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                       f"{cost['model_flops_per_target_token']:.3g} per target token; vaswani_transformer.flops)",
                       flush=True)
     tested_dir = training_args.output_dir  # the folder of the model the test set scores
+    compare_average = data_args.average_last_checkpoints > 0 and training_args.do_eval and "validation" in tokenized
+    if compare_average:  # the model before averaging, on the validation set: averaging a short run can cost BLEU
+        result["eval_before_averaging"] = _final_step_eval(trainer) or trainer.evaluate(metric_key_prefix="eval")
     if data_args.average_last_checkpoints > 0:
         if trainer.is_world_process_zero():
             result["averaged_model"] = average_last_checkpoints(training_args.output_dir,
@@ -620,6 +625,8 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                   flush=True)
     if training_args.do_eval and "validation" in tokenized:
         result["eval"] = trainer.evaluate(metric_key_prefix="eval")
+        if compare_average and trainer.is_world_process_zero():
+            _report_averaging(result["eval_before_averaging"], result["eval"], data_args.average_last_checkpoints)
     if training_args.do_predict and "test" in tokenized:
         output = trainer.predict(tokenized["test"], metric_key_prefix="test")
         result["test"] = output.metrics
@@ -645,6 +652,30 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
         if training_args.do_train:
             trainer.create_model_card(language=[data_args.source_lang, data_args.target_lang])
     return result
+
+
+def _final_step_eval(trainer) -> dict[str, float] | None:
+    """The validation metrics the Trainer logged at the run's last update (``eval_steps`` dividing ``max_steps``), or
+    None when it logged none there."""
+    step = trainer.state.global_step
+    logged = [h for h in trainer.state.log_history if h.get("step") == step and "eval_loss" in h]
+    return {k: v for k, v in logged[-1].items() if k.startswith("eval_")} if logged else None
+
+
+def _report_averaging(before: dict[str, float], averaged: dict[str, float], num_last: int) -> None:
+    """Print the validation score before and after averaging; warn when averaging made it worse (BLEU where the run
+    decodes, else the loss): a run whose last checkpoints still differ much (a short run) can lose several BLEU."""
+    bleu = "eval_bleu" in before and "eval_bleu" in averaged
+    key, name = ("eval_bleu", "BLEU") if bleu else ("eval_loss", "loss")
+    print(f"Validation {name}: {averaged[key]:.4g} averaged (last {num_last} checkpoints), {before[key]:.4g} before "
+          "averaging", flush=True)
+    if (averaged[key] < before[key]) if bleu else (averaged[key] > before[key]):
+        logger.warning(
+            "Averaging the last %d checkpoints made the validation %s worse (%.4g -> %.4g); the averaged model is "
+            "the one tested and in averaged/, the model before it in the run's folder. Checkpoints far apart or early "
+            "in a short run average badly; vaswani-average averages any others.", num_last, name, before[key],
+            averaged[key],
+        )  # fmt: skip
 
 
 def run_from_args(argv: list[str] | None = None, callbacks: list | None = None) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Train the paper's Transformer: `accelerate launch scripts/train.py configs/quickstart.yaml` (or `python ...`).
+"""Train the paper's Transformer: `accelerate launch scripts/train.py configs/quickstart.yaml` (or `python ...`; on a CPU,
+`accelerate launch --cpu --num_processes 1`, or accelerate gives torch one thread).
 
 The first argument may be a YAML/JSON recipe (see configs/); any `--flag value` after it overrides the recipe.
 All of `Seq2SeqTrainingArguments` is accepted, plus the data/model flags of transformers' run_translation.py

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -622,6 +623,26 @@ def test_prepare_kernels_keeps_attention_off_cudnn_on_a_gpu_only(device, monkeyp
         torch.backends.cuda.enable_cudnn_sdp(was)
 
 
+@pytest.mark.slow
+def test_a_cpu_run_that_accelerate_left_at_one_thread_warns(tmp_path):
+    """`accelerate launch script.py` on a CPU sets OMP_NUM_THREADS=1 (its default without --num_cpu_threads_per_process):
+    the training job warns that cores stay idle and says how to use them. With `--cpu --num_processes 1` accelerate
+    gives the process the physical cores, and nothing is said; `python script.py` is not warned either."""
+    if min(psutil.cpu_count(logical=False) or 1, len(os.sched_getaffinity(0))) < 2:
+        pytest.skip("needs 2 physical cores for an idle one")
+    data = write_fixture(tmp_path / "data", n_train=40)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS" and not k.startswith("ACCELERATE_")}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(SCRIPT.parents[1]))
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch"]
+    for name, launcher, warns in (("default", accelerate, True), ("cpu", [*accelerate, "--cpu", "--num_processes", "1"],
+                                  False), ("python", [sys.executable], False)):  # fmt: skip
+        run = subprocess.run([*launcher, str(SCRIPT), *tiny_args(data, tmp_path / name, "--max_steps", "1")],
+                             capture_output=True, text=True, env=env, timeout=300, check=False)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        warned = "accelerate launch set OMP_NUM_THREADS=1. Pass it --cpu --num_processes 1" in run.stderr
+        assert warned == warns, (name, run.stderr[-3000:])
+
+
 class _PoisonWeights(TrainerCallback):
     """Fault injection: make the weights NaN just before update `at + 1` (after checkpoint `at` was saved)."""
 
@@ -931,8 +952,6 @@ def test_evaluating_during_training_leaves_the_training_unchanged(tmp_path):
     """Evaluations every 4 updates (the loss and BLEU of beam-search decoding) leave a run's losses and final weights
     exactly as without them: the evaluation's DataLoader draws a seed from torch's generator, the one the dropout
     masks come from (before the fix the losses parted from the 5th update on)."""
-    from safetensors.torch import load_file
-
     data = write_fixture(tmp_path / "data", n_train=80)
     common = ("--max_steps", "12", "--config_overrides", TINY_MODEL.replace("dropout=0.1", "dropout=0.3"),
               "--generation_num_beams", "2")

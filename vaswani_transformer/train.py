@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 import yaml
 from transformers import (
@@ -266,7 +267,7 @@ Train a Transformer with the paper's recipe through transformers' Seq2SeqTrainer
 options written after it override its values.
 
     vaswani-train configs/quickstart.yaml
-    accelerate launch scripts/train.py configs/multi30k_cpu.yaml --max_steps 2000 --output_dir runs/m30k
+    accelerate launch --cpu --num_processes 1 scripts/train.py configs/multi30k_cpu.yaml --max_steps 2000 --output_dir runs/m30k
 """
 
 
@@ -465,6 +466,22 @@ def prepare_kernels(device: torch.device, keep_freed_memory: bool = True) -> Non
                     "(skip_cudnn_attention).")
 
 
+def idle_cpu_cores_warning(device: torch.device, world_size: int = 1) -> str | None:
+    """The warning for CPU training that `accelerate launch` left at one torch thread per process while cores stay idle
+    (its launcher sets OMP_NUM_THREADS=1 unless told `--num_cpu_threads_per_process`, or `--cpu --num_processes N`,
+    which divides the physical cores among them). None where no core is idle."""
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1  # accelerate's count; hyperthreads add little
+    if hasattr(os, "sched_getaffinity"):
+        cores = min(cores, len(os.sched_getaffinity(0)))
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    launched = "ACCELERATE_MIXED_PRECISION" in os.environ  # set by accelerate's launchers, not by a plain python
+    if device.type != "cpu" or not launched or os.environ.get("OMP_NUM_THREADS") != "1" or processes >= cores:
+        return None
+    return (f"Training on CPU with 1 torch thread in each of {processes} process(es) while {cores} cores are "
+            f"available: accelerate launch set OMP_NUM_THREADS=1. Pass it --cpu --num_processes {processes} (threads "
+            f"= physical cores / processes) or --num_cpu_threads_per_process {cores // processes}.")
+
+
 def training_attention(model_args, training_args) -> str | None:
     """The attention kernel to train with: the one asked for; else eager for bf16 on a CPU, where PyTorch's SDPA
     backward runs bf16 no faster than fp32 (eager: ~1.4x, benchmarks/training_step_speed.py); else the default."""
@@ -537,6 +554,9 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
         resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir,
                                            quarantine=training_args.process_index == 0)
     prepare_kernels(training_args.device, training_args.keep_freed_cpu_memory)
+    if training_args.process_index == 0 and (warning := idle_cpu_cores_warning(training_args.device,
+                                                                             training_args.world_size)):
+        logger.warning(warning)
 
     with training_args.main_process_first(desc="preparing the data"):
         raw = _prepare_data(model_args, data_args, training_args)
@@ -726,6 +746,7 @@ __all__ = [
     "VaswaniTrainingArguments",
     "end_distributed_job",
     "given_arguments",
+    "idle_cpu_cores_warning",
     "load_recipe",
     "main",
     "parse_arguments",

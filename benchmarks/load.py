@@ -14,7 +14,7 @@ Each row runs in a child process of its own. Two memory figures per row:
 sorted by length, token batches, the model's decoding (beam 4, GNMT length penalty 0.6). The default model is a
 tiny random one (d_model 64, 2+2 layers) with an 8k BPE vocabulary trained here, decoding at most 8 tokens (a random
 model never ends a sentence, it would always decode source length + 50): it measures the pipeline's memory and
-overhead, not a real model's speed; `--model_name_or_path` takes a trained folder instead (e.g. runs/quickstart/averaged).
+overhead, not a real model's speed; `--model_name_or_path` takes a trained folder instead (e.g. runs/quickstart).
 Input sentences are synthetic English-like lines, 6 words on average (`--translate_words 23` for WMT14's length).
 
 (2) The corpus (train.en, train.de; Zipf-distributed pseudo-words, WMT14 en-de lengths) is written to a temporary
@@ -26,7 +26,7 @@ folder and takes tens of minutes on 2 cores.
 
     python benchmarks/load.py                                           # 1k/10k/100k lines; 4.5M pairs
     python benchmarks/load.py --translate 1000 10000 --corpus 100000 450000 --num_proc 1
-    python benchmarks/load.py --translate 1000 --corpus --model_name_or_path runs/quickstart/averaged
+    python benchmarks/load.py --translate 1000 --corpus --model_name_or_path runs/quickstart
 """
 
 from __future__ import annotations

@@ -344,7 +344,7 @@ def translate_file(
 
 CLI_DESCRIPTION = f"""Translate a text file (or stdin) line for line with a saved model, decoding as the paper did by default.
 
-    %(prog)s --model_name_or_path runs/quickstart/averaged --input test.en --output test.hyp.de
+    %(prog)s --model_name_or_path runs/quickstart --input test.en --output test.hyp.de
     echo "A man rides a bike." | %(prog)s --model_name_or_path runs/multi30k_cpu/averaged --num_beams 4
 
 One output line per input line, always (an empty line gives an empty line). The input is read --window lines at a

@@ -693,9 +693,9 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         torch's generator, so an evaluation during training would change every later dropout mask (the trained model
         would depend on ``eval_steps``)."""
         device = self.args.device
-        accelerator = device.type not in ("cpu", "meta")
-        with torch.random.fork_rng(devices=[device] if accelerator else [],
-                                   device_type=device.type if accelerator else None):
+        on_accelerator = device.type not in ("cpu", "meta")  # the CPU generator is forked always
+        with torch.random.fork_rng(devices=[device] if on_accelerator else [],
+                                   device_type=device.type if on_accelerator else None):
             return super().evaluate(*args, **kwargs)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):

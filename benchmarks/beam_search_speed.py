@@ -41,7 +41,7 @@ step).
 search around it (our linear layers' time includes packing their weights, on a CPU, at their fourth use).
 On a GPU every hook synchronises (else it would time the launch, not the work), which slows the decoding down.
 
-Target: ours >= 1.5x MarianMT's sentences/second.
+Target (issue 15): ours >= 2x MarianMT's sentences/second at a fixed output length, and ahead at natural lengths.
 
     python benchmarks/beam_search_speed.py --batch-size 32 --repeats 3 --threads 1
     python benchmarks/beam_search_speed.py --preset base --vocab-size 37000 --batch-size 1 --threads 1  # WMT's size

@@ -134,6 +134,27 @@ def test_a_failed_checkpoint_write_on_rank_0_stops_every_process_naming_the_file
     assert not (out / "checkpoint-2").exists()
 
 
+@pytest.mark.slow
+def test_two_processes_score_the_model_before_and_after_averaging(tmp_path):
+    """`scripts/train.py` in 2 processes with averaging and do_eval: both evaluate the model before averaging (a
+    collective: one process alone would wait forever) and the averaged one; rank 0 prints the two scores once, and
+    the summary holds them."""
+    data = write_fixture(tmp_path / "data", n_train=300)
+    out = tmp_path / "out"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
+    args = tiny_args(data, out, "--max_steps", "4", "--save_steps", "2", "--do_eval", "--average_last_checkpoints",
+                     "2", "--generation_num_beams", "2")  # fmt: skip
+    result = launch(TWO_CPU_PROCESSES, script, args, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    summary = json.loads((out / "training_summary.json").read_text())
+    before, averaged = summary["eval_before_averaging"]["eval_bleu"], summary["eval"]["eval_bleu"]
+    assert result.stdout.count("Validation BLEU: ") == 1
+    printed = f"Validation BLEU: {averaged:.4g} averaged (last 2 checkpoints), {before:.4g} before averaging"
+    assert printed in result.stdout
+    record = json.loads((out / "averaged" / "averaged_checkpoints.json").read_text())
+    assert [Path(c).name for c in record["checkpoints"]] == ["checkpoint-2", "checkpoint-4"]
+
+
 # ------------------------------------------------------------------------------------------------------------ FSDP
 
 FSDP_PROBE = textwrap.dedent(

@@ -471,10 +471,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output_dir", "--output-dir", required=True, help="Folder for the averaged model.")
     args = parser.parse_args(argv)
-    if args.num_last is not None and args.num_last < 0:
-        parser.error(f"--num_last must be >= 0, got {args.num_last}.")
     if args.num_last is None:  # folders named one by one are the ones wanted, each of them
         args.num_last = DEFAULT_NUM_LAST if len(args.checkpoints) == 1 else len(args.checkpoints)
+    if args.num_last < 0:
+        parser.error(f"--num_last must be >= 0, got {args.num_last}.")
 
     if problem := cli.output_path_problem(args.output_dir, "--output_dir", directory=True):
         print(f"error: {problem}", file=sys.stderr)

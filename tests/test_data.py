@@ -287,8 +287,14 @@ def test_sampler_edge_cases():
     # a single batch split so that 3 ranks get one each
     split = [TokenBatchSampler([2] * 5, [2] * 5, 100, num_replicas=3, rank=r) for r in range(3)]
     assert [len(s) for s in split] == [1, 1, 1] and sorted(i for s in split for b in s for i in b) == list(range(5))
-    with pytest.raises(ValueError, match="Cannot give 3 ranks the same number of batches: only 2 pair"):
+    with pytest.raises(ValueError, match="Cannot give 3 ranks the same number of batches: .* only 2 pair"):
         TokenBatchSampler([2, 2], [2, 2], 100, num_replicas=3)
+    # pairs that each fill a batch alone cannot be split further: an error, never an empty batch
+    with pytest.raises(ValueError, match=r"3 batch\(es\) of max_tokens=100 would need 4, but there are only 3 pair"):
+        TokenBatchSampler([60] * 3, [60] * 3, 100, num_replicas=2)
+    lengths = [60] * 3 + [20] * 2  # three batches of one long pair, one of two short ones: 4 for 2 ranks
+    two = [TokenBatchSampler(lengths, lengths, 100, num_replicas=2, rank=r) for r in range(2)]
+    assert [len(s) for s in two] == [2, 2] and all(len(b) > 0 for s in two for b in s)
     with pytest.raises(ValueError, match="Need 0 <= rank < num_replicas"):
         TokenBatchSampler(src, tgt, 100, num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="50 source lengths but 49 target lengths"):

@@ -597,10 +597,13 @@ class TokenBatchSampler(Sampler[list[int]]):
             if not batches:
                 logger.warning("TokenBatchSampler: no pairs to batch.")
             return batches
-        n_pairs = sum(len(b) for b in batches)
-        if n_pairs < r:
+        # Splitting a batch in two adds one batch; a batch of one pair cannot be split (no empty batches).
+        n_pairs, needed = sum(len(b) for b in batches), -(-len(batches) // r) * r
+        if n_pairs < needed:
             raise ValueError(
-                f"Cannot give {r} ranks the same number of batches: only {n_pairs} pair(s) fit max_tokens."
+                f"Cannot give {r} ranks the same number of batches: {len(batches)} batch(es) of max_tokens="
+                f"{self.max_tokens} would need {needed}, but there are only {n_pairs} pair(s) to split them into. "
+                f"Use a number of processes that divides {len(batches)}, a larger max_tokens, or more data."
             )
         batches = list(batches)
         while len(batches) % r:

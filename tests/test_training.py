@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -450,6 +451,19 @@ def test_tokenizer_config_mismatch_fails_before_training(tmp_path):
     with pytest.raises(ValueError, match="Tokenizer and model config disagree.*vocab_size=100"):
         run_from_args(tiny_args(data, out, "--config_overrides", TINY_MODEL + ",vocab_size=100", "--max_steps", "2"))
     assert not list(out.glob("checkpoint-*")) and not (out / "trainer_state.json").exists()
+
+
+def test_a_tokenizer_trained_earlier_in_the_output_dir_is_reused_only_with_the_same_options(tmp_path):
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out = tmp_path / "out"
+    run_from_args(tiny_args(data, out, "--max_steps", "1"))
+    trained = (out / "tokenizer" / "tokenizer.json").read_bytes()
+    for flags, said in ((["--tokenizer_vocab_size", "400"], "--tokenizer_vocab_size 400 (it has 300)"),
+                        (["--tokenizer_model", "wordpiece"], "--tokenizer_model 'wordpiece' (it has 'bpe')")):
+        with pytest.raises(ValueError, match=f"holds a tokenizer an earlier run trained with .*{re.escape(said)}"):
+            run_from_args(tiny_args(data, out, "--max_steps", "1", *flags))
+    run_from_args(tiny_args(data, out, "--max_steps", "1"))  # the same options: reused as it is
+    assert (out / "tokenizer" / "tokenizer.json").read_bytes() == trained
 
 
 # ---------------------------------------------------------------------------------------- end to end

@@ -432,22 +432,49 @@ def _load_tokenizer(model_args, data_args, training_args, raw):
     if name is not None:
         return AutoTokenizer.from_pretrained(name, cache_dir=model_args.cache_dir)
     folder = os.path.join(training_args.output_dir, "tokenizer")
+    asked = {"tokenizer_model": model_args.tokenizer_model, "tokenizer_vocab_size": model_args.tokenizer_vocab_size}
     # Every process enters (and leaves) main_process_first exactly once: rank 0 trains, the others then load.
     with training_args.main_process_first(desc="training the tokenizer"):
         if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+            _check_earlier_tokenizer(folder, asked)
             logger.info("Using the tokenizer trained earlier in %s", folder)
             return AutoTokenizer.from_pretrained(folder)
         if "train" not in raw:
             raise ValueError("No tokenizer given and no train split to train one on: pass --tokenizer_name.")
         logger.info("Training a shared %s vocabulary of %d on the train split", model_args.tokenizer_model,
                     model_args.tokenizer_vocab_size)
-        return train_tokenizer(
+        tokenizer = train_tokenizer(
             iter_parallel_texts(raw, data_args.source_lang, data_args.target_lang, split="train"),
             vocab_size=model_args.tokenizer_vocab_size,
             model=model_args.tokenizer_model,
             length=2 * len(raw["train"]),
             show_progress=training_args.process_index == 0 and not training_args.disable_tqdm,
             output_dir=folder,
+        )
+        if training_args.process_index == 0:
+            Path(folder, TOKENIZER_OPTIONS_FILE).write_text(json.dumps(asked, indent=2) + "\n", encoding="utf-8")
+        return tokenizer
+
+
+TOKENIZER_OPTIONS_FILE = "training_options.json"
+
+
+def _check_earlier_tokenizer(folder: str, asked: dict[str, Any]) -> None:
+    """ValueError when the tokenizer that a run trained earlier in `folder` was trained with other options than this
+    run asks for: reusing it would silently ignore --tokenizer_model / --tokenizer_vocab_size."""
+    options = Path(folder, TOKENIZER_OPTIONS_FILE)
+    if not options.is_file():  # trained by a version that did not record its options, or placed there by hand
+        logger.warning("%s holds no %s: cannot check that it was trained with %s.", folder, TOKENIZER_OPTIONS_FILE,
+                       asked)
+        return
+    earlier = json.loads(options.read_text(encoding="utf-8"))
+    differ = {k: (earlier.get(k), v) for k, v in asked.items() if earlier.get(k) != v}
+    if differ:
+        said = ", ".join(f"--{k} {v!r} (it has {e!r})" for k, (e, v) in differ.items())
+        raise ValueError(
+            f"{folder} holds a tokenizer an earlier run trained with other options than this run's {said}. Use a "
+            f"new --output_dir, delete {folder} to train a new one, or pass the earlier run's options (or "
+            f"--tokenizer_name {folder}) to reuse it."
         )
 
 

@@ -232,6 +232,14 @@ def test_incomplete_folders_and_bad_inputs_are_refused(tmp_path, saved):
         export_repository(model, tmp_path / "new")
     with pytest.raises(FileNotFoundError, match="incomplete; missing: the weights"):
         export_repository(bare, tmp_path / "new2")
+    # an output folder that is, or holds, the model is refused before anything is deleted, even with overwrite
+    run = tmp_path / "run"
+    shutil.copytree(folder, run / "averaged")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    for out in (run, run / "averaged", run / "averaged" / ".." / "averaged"):
+        with pytest.raises(ValueError, match="the model to export .* would delete the model first"):
+            export_repository(run / "averaged", out, overwrite=True)
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
     bad_eval = tmp_path / "eval.json"
     bad_eval.write_text(json.dumps({"bleu": 1.0}))
     with pytest.raises(ValueError, match="no 'sacrebleu', 'tokenized_bleu' or 'chrf' score"):

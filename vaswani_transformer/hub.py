@@ -254,6 +254,13 @@ def export_repository(
     generation config, model card. `card_options` go to `write_repository_extras` (source_lang, target_lang, license,
     datasets, model_name, repo_id, tags, template_path). A non-empty `output_dir` is refused unless `overwrite`."""
     output_dir = Path(output_dir)
+    if isinstance(model, (str, os.PathLike)) and Path(model).exists():
+        target, source = output_dir.resolve(), Path(model).resolve()
+        if source == target or target in source.parents:
+            raise ValueError(
+                f"--output_dir {output_dir} {'is' if source == target else 'holds'} the model to export ({model}): "
+                "writing the repository there would delete the model first. Choose another folder."
+            )
     if output_dir.exists() and any(output_dir.iterdir()):
         if not overwrite:
             raise FileExistsError(

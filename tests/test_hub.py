@@ -13,8 +13,8 @@ from huggingface_hub import ModelCard
 
 import vaswani_transformer  # noqa: F401
 from vaswani_transformer import VaswaniTransformerConfig
-from vaswani_transformer.evaluation import evaluation_report
-from vaswani_transformer.card import count_parameters, detect_preset, training_info_from_run
+from vaswani_transformer.evaluation import evaluate_model, evaluation_report
+from vaswani_transformer.card import count_parameters, detect_preset, eval_results_for_card, training_info_from_run
 from vaswani_transformer.hub import (
     CODE_FILES,
     RepositoryValidationError,
@@ -159,6 +159,19 @@ def test_card_parses_and_carries_the_results(tmp_path, saved, eval_json):
     assert "English (en) → German (de)" in text
     assert 'pipeline("translation", model=repo, trust_remote_code=True)' in text
     assert report["sacrebleu_signature"].replace("|", "\\|") in text  # escaped inside the results table
+
+
+def test_card_names_the_decoding_of_an_evaluate_model_report(saved):
+    """translate_lines' None arguments keep the model's generation config: the card shows that config's values,
+    and an explicit argument where one was given."""
+    _, model, tokenizer = saved
+    config = model.generation_config
+    for decoding, beams in ((None, config.num_beams), ({"num_beams": 2}, 2)):
+        report = evaluate_model(model, SOURCES[:2], REFERENCES[:2], tokenizer=tokenizer, source_lang="en",
+                                target_lang="de", decoding=decoding)  # fmt: skip
+        text = eval_results_for_card([report], "en", "de")[2]
+        assert f"num_beams={beams}," in text and f"length_penalty={config.length_penalty}," in text, text
+        assert f"max_len_a={config.max_len_a}," in text and "None" not in text, text
 
 
 def test_trainer_runs_get_the_same_repository(tmp_path, saved):

@@ -521,6 +521,31 @@ def test_tying_survives_save_load_resize_and_a_training_step(tmp_path):
     assert not torch.allclose(loaded.model.shared.weight[:50], model.model.shared.weight)
 
 
+@pytest.mark.parametrize("model_class", [VaswaniTransformerForConditionalGeneration, VaswaniTransformerModel])
+def test_resizing_separate_embeddings_resizes_both_sides_and_keeps_their_rows(tmp_path, model_class):
+    """share_embeddings=False: the encoder's and the decoder's matrices (and the output layer) all grow to the new
+    vocabulary, keep their old rows, stay separate, and the model runs, saves and reloads at the new size."""
+    torch.manual_seed(0)
+    model = model_class(tiny_config(share_embeddings=False)).eval()
+    base = model.model if model_class is VaswaniTransformerForConditionalGeneration else model
+    old = {side: getattr(base, side).get_input_embeddings().weight.detach().clone() for side in ("encoder", "decoder")}
+    model.resize_token_embeddings(64)
+    assert model.config.vocab_size == 64
+    for side, before in old.items():
+        weight = getattr(base, side).get_input_embeddings().weight
+        assert weight.shape == (64, 32) and torch.equal(weight[:50], before)
+    assert base.encoder.get_input_embeddings().weight is not base.decoder.get_input_embeddings().weight
+    if model_class is VaswaniTransformerForConditionalGeneration:
+        assert model.get_output_embeddings().weight.shape == (64, 32)
+    ids = torch.tensor([[60, 5, 63, 2]])  # new ids on both sides
+    out = model(input_ids=ids, decoder_input_ids=ids)
+    model.save_pretrained(tmp_path)
+    loaded = model_class.from_pretrained(tmp_path).eval()
+    first = out.logits if model_class is VaswaniTransformerForConditionalGeneration else out.last_hidden_state
+    again = loaded(input_ids=ids, decoder_input_ids=ids)
+    torch.testing.assert_close(again.logits if hasattr(again, "logits") else again.last_hidden_state, first)
+
+
 @pytest.mark.parametrize(
     "model_class, prefix", [(VaswaniTransformerForConditionalGeneration, "model."), (VaswaniTransformerModel, "")]
 )

@@ -487,6 +487,17 @@ class VaswaniTransformerPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers' resizing (encoder embedding, output layer), and the decoder's embedding where it is a matrix
+        of its own: both sides index one vocabulary of `config.vocab_size` tokens."""
+        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        decoder = getattr(self.base_model, "decoder", None)
+        if decoder is not None and decoder.get_input_embeddings() is not embeddings:
+            old = decoder.get_input_embeddings()
+            new = self._get_resized_embeddings(old, embeddings.num_embeddings, mean_resizing=mean_resizing)
+            decoder.set_input_embeddings(new.requires_grad_(old.weight.requires_grad))
+        return embeddings
+
     def _check_token_ids(self, ids: torch.Tensor | None, name: str):
         """Raise a ValueError naming the id when a token id is outside the vocabulary (not a bare index error)."""
         if ids is None or is_torchdynamo_compiling() or ids.numel() == 0:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
-from vaswani_transformer.fairseq_import import convert_fairseq, main, read_fairseq_dictionary
+from vaswani_transformer.fairseq_import import config_from_fairseq, convert_fairseq, main, read_fairseq_dictionary
 from vaswani_transformer.modeling_vaswani_transformer import tensor2tensor_position_encoding
 
 
@@ -183,6 +183,20 @@ def test_position_encoding_fields_are_validated():
         VaswaniTransformerConfig(position_encoding="learned", position_offset=2)
     config = VaswaniTransformerConfig(position_encoding="tensor2tensor", position_offset=2)
     assert VaswaniTransformerConfig.from_dict(config.to_dict()).position_offset == 2
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({"activation_dropout": 0.2, "relu_dropout": 0.1}, 0.2),
+    ({"activation_dropout": 0.0, "relu_dropout": 0.1}, 0.1),  # fairseq's layers fall back to relu_dropout at 0
+    ({"relu_dropout": 0.1}, 0.1),
+    ({"activation_dropout": 0.0}, 0.0),
+    ({}, 0.0),
+])  # fmt: skip
+def test_activation_dropout_is_the_one_fairseqs_layers_use(given, expected):
+    """fairseq's TransformerEncoderLayer/DecoderLayer: `activation_dropout`, or `relu_dropout` where that is 0."""
+    args = dict(encoder_embed_dim=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                encoder_ffn_embed_dim=16, **given)  # fmt: skip
+    assert config_from_fairseq(args, vocab_size=20).activation_dropout == expected
 
 
 def test_converted_logits_equal_fairseqs_forward(converted):

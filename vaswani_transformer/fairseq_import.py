@@ -159,7 +159,8 @@ def config_from_fairseq(args: dict, vocab_size: int) -> VaswaniTransformerConfig
         d_ff=args["encoder_ffn_embed_dim"],
         dropout=args.get("dropout", 0.1),
         attention_dropout=args.get("attention_dropout", 0.0),
-        activation_dropout=args.get("activation_dropout", args.get("relu_dropout", 0.0)) or 0.0,
+        # fairseq's layers: relu_dropout wherever activation_dropout is 0 or unset ("for backwards compatibility")
+        activation_dropout=args.get("activation_dropout") or args.get("relu_dropout") or 0.0,
         share_embeddings=bool(args.get("share_all_embeddings", False)),
         scale_embedding=not args.get("no_scale_embedding", False),
         position_encoding="tensor2tensor",

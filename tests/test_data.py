@@ -196,6 +196,20 @@ def test_tokenize_and_filters_count_every_dropped_pair(tmp_path, tokenizer):
     ds3, report3 = tokenize_parallel_dataset(streamed, tokenizer, "en", "de", **limits)
     assert [r["input_ids"] for r in ds3["train"]] == ds["train"]["input_ids"]
     assert report3.streaming and report3.splits["train"] == report.splits["train"]
+    assert len(list(ds3["train"])) == expected.count("kept")  # a second pass (an epoch): counts of that pass
+    assert report3.splits["train"] == report.splits["train"]
+
+
+def test_a_text_that_is_not_a_string_is_an_error_naming_split_row_and_language(tmp_path, tokenizer):
+    """A Hub or save_to_disk dataset can hold None (a missing translation): a ParallelDataError, not the
+    tokenizer's TypeError."""
+    with_none = datasets.Dataset.from_dict({"en": ["a b", "c", "d"], "de": ["x", None, "z"]})
+    datasets.DatasetDict({"train": with_none}).save_to_disk(tmp_path / "hub_like")
+    for streaming in (False, True):
+        raw = load_parallel_dataset(dataset_name=str(tmp_path / "hub_like"), streaming=streaming)
+        with pytest.raises(ParallelDataError, match="train split, row 1: the 'de' text is None, not a string"):
+            ds, _ = tokenize_parallel_dataset(raw, tokenizer, "en", "de")
+            list(ds["train"])  # streaming: read when iterated
 
 
 def test_filters_apply_only_to_the_splits_named(tmp_path, tokenizer):

@@ -331,7 +331,7 @@ class FilterReport:
     """How many pairs each filter rule dropped, per split (a pair counts under the first rule it breaks).
 
     ``str(report)`` is a table; ``report.to_dict()`` is for loggers. For streaming datasets the counts fill in
-    as the data is iterated (``streaming=True``).
+    as the data is iterated (``streaming=True``), and start again with each pass over it.
     """
 
     rules: dict[str, Any] = field(default_factory=dict)
@@ -437,9 +437,13 @@ def tokenize_parallel_dataset(
     streaming = isinstance(dataset, IterableDatasetDict)
     report = FilterReport(rules=rules, streaming=streaming)
 
-    def encode(batch: dict[str, list]) -> dict[str, Any]:
+    def encode(batch: dict[str, list], rows: list[int], split: str) -> dict[str, Any]:
         sources = [pair[source_lang] for pair in batch["translation"]]
         targets = [pair[target_lang] for pair in batch["translation"]]
+        for lang, texts in ((source_lang, sources), (target_lang, targets)):
+            for row, text in zip(rows, texts):
+                if not isinstance(text, str):  # e.g. None in a Hub or save_to_disk dataset
+                    raise ParallelDataError(f"{split} split, row {row}: the {lang!r} text is {text!r}, not a string.")
         encoded = tokenizer(sources, text_target=targets, add_special_tokens=True, truncation=False)
         source_lengths = np.fromiter((len(x) for x in encoded["input_ids"]), dtype=np.int64, count=len(sources))
         target_lengths = np.fromiter((len(x) for x in encoded["labels"]), dtype=np.int64, count=len(sources))
@@ -460,19 +464,26 @@ def tokenize_parallel_dataset(
         if streaming:
             counts = report.splits.setdefault(split, {"total": 0, "kept": 0, **{r: 0 for r in FILTER_RULES}})
 
-            def keep(reasons: list[int], counts: dict[str, int] = counts, filtered: bool = filtered) -> list[bool]:
+            def keep(reasons: list[int], rows: list[int], counts=counts, filtered: bool = filtered) -> list[bool]:
+                if rows and rows[0] == 0:  # a new pass over the stream: the counts are of this pass
+                    counts.update({k: 0 for k in counts})
                 for r in reasons:
                     counts["total"] += 1
                     counts["kept" if r == 0 or not filtered else FILTER_RULES[r - 1]] += 1
                 return [r == 0 or not filtered for r in reasons]
 
-            mapped = ds.map(encode, batched=True, batch_size=batch_size, remove_columns=remove)
-            out[split] = mapped.filter(keep, input_columns=_DROP_COLUMN, batched=True).remove_columns(_DROP_COLUMN)
+            mapped = ds.map(encode, batched=True, batch_size=batch_size, remove_columns=remove, with_indices=True,
+                            fn_kwargs={"split": split})  # fmt: skip
+            out[split] = mapped.filter(keep, input_columns=_DROP_COLUMN, batched=True, with_indices=True).remove_columns(
+                _DROP_COLUMN
+            )
             continue
         mapped = ds.map(
             encode,
             batched=True,
             batch_size=batch_size,
+            with_indices=True,
+            fn_kwargs={"split": split},
             num_proc=num_proc,
             remove_columns=remove,
             load_from_cache_file=load_from_cache_file,

@@ -142,6 +142,28 @@ def _lone_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
     return [tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids]
 
 
+def _character_spans(tokenizer, ids: Sequence[int]) -> list[tuple[int, int, str]]:
+    """(start, end, text) for consecutive tokens: one token decoded alone, except that a token which alone decodes to
+    U+FFFD (part of a character split across byte-level tokens) is joined with the next ones until they decode to
+    whole characters; special tokens stay alone."""
+    special = set(tokenizer.all_special_ids)
+    pieces = _lone_pieces(tokenizer, ids)
+    spans, i = [], 0
+    while i < len(ids):
+        span = (i, i + 1, pieces[i])
+        if ids[i] not in special and "\ufffd" in pieces[i]:
+            for j in range(i + 2, len(ids) + 1):
+                if ids[j - 1] in special:
+                    break
+                whole = tokenizer.decode(ids[i:j], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                if "\ufffd" not in whole:
+                    span = (i, j, whole)
+                    break
+        spans.append(span)
+        i = span[1]
+    return spans
+
+
 def readable_tokens(tokenizer, ids: Sequence[int]) -> list[str]:
     """Each id decoded alone, a word-starting subword shown as "▁word", special tokens as they are (`</s>`).
 
@@ -150,22 +172,10 @@ def readable_tokens(tokenizer, ids: Sequence[int]) -> list[str]:
     ids = list(ids)
     special = set(tokenizer.all_special_ids)
     raw = tokenizer.convert_ids_to_tokens(ids)
-    pieces = _lone_pieces(tokenizer, ids)
     labels = []
-    i = 0
-    while i < len(ids):
-        if ids[i] not in special and "\ufffd" in pieces[i]:  # a run of partial characters: decode it together
-            j = i
-            while j < len(ids) and ids[j] not in special and "\ufffd" in pieces[j]:
-                j += 1
-            whole = tokenizer.decode(ids[i:j], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            if "\ufffd" not in whole and j - i > 1:
-                labels.append(_mark_word_start(whole, raw[i]))
-                labels.extend([CONTINUED_BYTES] * (j - i - 1))
-                i = j
-                continue
-        labels.append(pieces[i] if ids[i] in special else _mark_word_start(pieces[i], raw[i]))
-        i += 1
+    for start, end, piece in _character_spans(tokenizer, ids):
+        labels.append(piece if ids[start] in special else _mark_word_start(piece, raw[start]))
+        labels.extend([CONTINUED_BYTES] * (end - start - 1))
     return labels
 
 
@@ -180,24 +190,23 @@ def _mark_word_start(piece: str, raw: str | None) -> str:
 def word_ids(tokenizer, ids: Sequence[int]) -> list[int | None]:
     """The whitespace-separated word (0, 1, ...) each token belongs to, as `text.split()` counts the words of the
     decoded text: a word starts at the first token after a space (a token decoding to a leading space or carrying
-    "Ġ"/"▁"); special tokens and whitespace-only tokens get None."""
+    "Ġ"/"▁"); special tokens and whitespace-only tokens get None. The tokens of a character split across byte-level
+    tokens count as one (a multi-byte space such as U+3000 or U+202F separates words too)."""
+    ids = list(ids)
     special = set(tokenizer.all_special_ids)
-    raw = tokenizer.convert_ids_to_tokens(list(ids))
+    raw = tokenizer.convert_ids_to_tokens(ids)
     result: list[int | None] = []
     word, after_space = -1, True
-    for token_id, piece, token in zip(ids, _lone_pieces(tokenizer, ids), raw):
-        if token_id in special:
-            result.append(None)
+    for start, end, piece in _character_spans(tokenizer, ids):
+        if ids[start] in special or not piece.strip():
+            result.extend([None] * (end - start))
+            after_space = after_space or ids[start] not in special
             continue
-        if piece[:1].isspace() or (token or "").startswith(WORD_START_MARKERS):
+        if piece[:1].isspace() or (raw[start] or "").startswith(WORD_START_MARKERS):
             after_space = True
-        if not piece.strip():
-            result.append(None)
-            after_space = True
-            continue
         if after_space:
             word += 1
-        result.append(word)
+        result.extend([word] * (end - start))
         after_space = piece[-1:].isspace()
     return result
 

@@ -353,6 +353,51 @@ def test_sentence_dependent_logits_processors_see_their_own_rows():
         assert set(batched[row]) <= set(allowed[row])
 
 
+@pytest.mark.parametrize("rules", RULES)
+def test_sentences_done_keep_their_hypotheses_where_the_batch_stays_whole(rules):
+    """A logits processor outside the row-independent ones (here one that changes nothing) or a static cache keeps
+    the batch whole: sentences already done run along with the others, and must not change their finished
+    hypotheses any more (with t2t's rules a hypothesis cut at the limit replaced one that had finished there). The
+    same tokens, scores and steps as the default path (finished sentences leave the batch) and the reference."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class NoOp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return scores
+
+    model = tiny_model(0, eos_bias=0.25)
+    inputs = random_batch(50, 12)  # a short limit, 0.5 * source length + 2, that most sentences reach
+    for count in (1, 4):
+        kwargs = dict(max_len_a=0.5, max_len_b=2, num_return_sequences=count, beam_search_rules=rules,
+                      return_dict_in_generate=True, output_scores=True)  # fmt: skip
+        default = model.generate(**inputs, **kwargs)
+        for whole in (dict(logits_processor=LogitsProcessorList([NoOp()])), dict(cache_implementation="static")):
+            output = model.generate(**inputs, **kwargs, **whole)
+            assert torch.equal(output.sequences, default.sequences), (count, whole)
+            torch.testing.assert_close(output.sequences_scores, default.sequences_scores)
+            assert_matches_reference(model, inputs, output, rules, 0.6, 0.5, 2, count)
+
+
+@pytest.mark.parametrize("rules", RULES)
+def test_forced_eos_comes_at_each_sentences_own_limit(rules):
+    """`forced_eos_token_id`: transformers' processor forces </s> at one max_length for the batch (the longest
+    sentence's limit); each sentence of a batch ends with </s> at its own limit, as decoded alone."""
+    model = tiny_model(2)
+    inputs = random_sources(102, lengths=(2, 8))
+    kwargs = dict(max_len_b=4, forced_eos_token_id=EOS, beam_search_rules=rules, return_dict_in_generate=True,
+                  output_scores=True)  # fmt: skip
+    batch = model.generate(**inputs, **kwargs)
+    forced_at_limit = False
+    for row, length in enumerate(inputs["attention_mask"].sum(-1).tolist()):
+        alone = model.generate(input_ids=inputs["input_ids"][row : row + 1, :length], **kwargs)
+        (tokens,) = hypotheses(alone.sequences)
+        assert hypotheses(batch.sequences[row : row + 1]) == [tokens], row
+        torch.testing.assert_close(batch.sequences_scores[row], alone.sequences_scores[0])
+        assert tokens[-1] == EOS and len(tokens) <= length + 4
+        forced_at_limit |= len(tokens) == length + 4
+    assert forced_at_limit  # the shorter sentence runs to its limit
+
+
 def test_a_stopping_criterion_finishes_hypotheses_like_an_extra_eos_token():
     from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -513,13 +558,36 @@ def test_the_two_penalties_rank_differently_somewhere():
 
 @pytest.mark.parametrize("max_len_a, max_len_b", [(1, 50), (1, 3), (0.5, 2), (0, 4)])
 def test_every_sentence_stops_at_its_own_maximum_length(max_len_a, max_len_b):
+    """The paper's beam search, greedy search and sampling (two sequences per sentence)."""
     model = tiny_model(0)
     inputs = random_sources(11, lengths=(2, 9, 5))
-    # The eos token is forbidden (and pad, to count lengths), so each sentence runs to its limit.
-    sequences = model.generate(**inputs, max_len_a=max_len_a, max_len_b=max_len_b, suppress_tokens=[EOS, PAD])
     source_lengths = inputs["attention_mask"].sum(-1).tolist()
-    generated = [len(tokens) for tokens in hypotheses(sequences)]
-    assert generated == [int(max_len_a * length + max_len_b) for length in source_lengths]
+    limits = [int(max_len_a * length + max_len_b) for length in source_lengths]
+    for decoding, copies in ((dict(), 1), (dict(num_beams=1), 1), (dict(num_beams=1, do_sample=True), 2)):
+        # The eos token is forbidden (and pad, to count lengths), so each sentence runs to its limit.
+        sequences = model.generate(
+            **inputs, max_len_a=max_len_a, max_len_b=max_len_b, suppress_tokens=[EOS, PAD], num_return_sequences=copies,
+            **decoding,
+        )  # fmt: skip
+        generated = [len(tokens) for tokens in hypotheses(sequences)]
+        assert generated == [limit for limit in limits for _ in range(copies)], decoding
+
+
+@pytest.mark.parametrize("forced_eos", [False, True])
+def test_greedy_search_decodes_each_sentence_of_a_batch_as_alone(forced_eos):
+    """num_beams=1 is transformers' greedy search, whose max_length is one for the batch (the longest sentence's
+    limit): each sentence stops at its own limit (with `forced_eos_token_id`, ends there with </s>), as alone."""
+    model = tiny_model(2)
+    inputs = random_sources(102, lengths=(2, 8, 5))
+    kwargs = dict(num_beams=1, max_len_b=4, forced_eos_token_id=EOS if forced_eos else None)
+    batch = hypotheses(model.generate(**inputs, **kwargs))
+    stopped_short = False
+    for row, length in enumerate(inputs["attention_mask"].sum(-1).tolist()):
+        alone = hypotheses(model.generate(input_ids=inputs["input_ids"][row : row + 1, :length], **kwargs))
+        assert batch[row : row + 1] == alone, row
+        assert len(alone[0]) <= length + 4 and (alone[0][-1] == EOS or not forced_eos)
+        stopped_short |= len(alone[0]) == length + 4 < 8 + 4  # at its limit, short of the batch's longest
+    assert stopped_short
 
 
 def test_learned_positions_cap_the_length_rule_at_the_decoder_positions():
@@ -555,6 +623,25 @@ def test_an_explicit_length_overrides_the_rule_and_trainer_kwargs_are_honoured()
     # ... unless the rule is switched off.
     model.generation_config.max_len_b = None
     assert model.generate(**inputs, suppress_tokens=[EOS]).shape == (3, 20)
+
+
+def test_a_length_set_in_the_model_generation_config_beats_the_rule_and_survives_a_reload(tmp_path):
+    """`max_new_tokens` or `max_length` set in the model's own generation config (as a user or a converted checkpoint
+    saves it) counts as given, as when passed to `generate`: in the paper's beam search as in greedy decoding, also
+    after save_pretrained/from_pretrained. (transformers' default max_length, 20, there does not: the test above.)"""
+    inputs = random_sources(100, lengths=(3, 5))
+    plain = tiny_model(0)  # its generation config sets no length
+    for saved, value in (("max_new_tokens", 4), ("max_length", 6)):
+        model = tiny_model(0)
+        setattr(model.generation_config, saved, value)
+        model.save_pretrained(tmp_path / saved)
+        reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / saved, dtype=torch.float64)
+        assert getattr(reloaded.generation_config, saved) == value
+        for num_beams in (4, 1):
+            expected = plain.generate(**inputs, num_beams=num_beams, suppress_tokens=[EOS], **{saved: value})
+            assert expected.shape == (2, 5 if saved == "max_new_tokens" else 6)
+            for candidate in (model, reloaded):
+                assert torch.equal(candidate.generate(**inputs, num_beams=num_beams, suppress_tokens=[EOS]), expected)
 
 
 # --- a transformers citizen: attentions, hidden states, the returned cache, decoder masks, static caches -------------
@@ -749,11 +836,26 @@ def test_synced_gpus_gives_the_same_result(tmp_path):
         ({"beam_search_rules": "marian"}, "beam_search_rules"),
         ({"num_return_sequences": 5}, "num_return_sequences"),
         ({"streamer": object()}, "streamer"),
+        ({"num_beams": 0}, "num_beams"),
+        ({"num_beams": -2}, "num_beams"),
+        ({"num_beams": 0, "length_penalty_type": "transformers"}, "num_beams"),
     ],
 )
 def test_bad_settings_raise_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         tiny_model().generate(**random_sources(0), **kwargs)
+
+
+def test_vaswani_translate_refuses_num_beams_0_with_an_error_line(tmp_path, capsys):
+    from vaswani_transformer.translate import main
+
+    helpers.save_tiny_model(tmp_path / "model")
+    (tmp_path / "in.txt").write_text("the cat sat\n")
+    argv = ["--model_name_or_path", str(tmp_path / "model"), "--input", str(tmp_path / "in.txt"), "--no_progress"]
+    assert main([*argv, "--num_beams", "0"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: `num_beams` must be a positive integer (1 for greedy decoding), got 0."
+    )
 
 
 # --- remote code -----------------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ models loaded with `trust_remote_code=True`), through three extension points of 
   loop in named steps, as tensor2tensor's `beam_search` does (`_top_candidates` = grow_topk, `_grow_finished`,
   `_grow_alive`, `_sentences_done` = _is_not_finished), with tensor2tensor's rules by default or fairseq's.
 - Everything else (`length_penalty_type="transformers"`, greedy, sampling, constrained or assisted decoding) is
-  transformers' own `generate`, unchanged.
+  transformers' own `generate`, unchanged but for the length rule (greedy search and sampling stop each sentence at
+  its own limit through a stopping criterion).
 
 This file is copied next to the weights for `trust_remote_code` users: it imports only torch and transformers.
 """
@@ -25,6 +26,7 @@ This file is copied next to the weights for `trust_remote_code` users: it import
 import copy
 import functools
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -32,9 +34,15 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.configuration_utils import GenerationMode
+from transformers.generation.logits_process import (
+    ForcedEOSTokenLogitsProcessor,
+    LogitsProcessor,
+    LogitsProcessorList,
+)
 from transformers.generation.stopping_criteria import (
     EosTokenCriteria,
     MaxLengthCriteria,
+    StoppingCriteria,
     StoppingCriteriaList,
     StopStringCriteria,
 )
@@ -75,8 +83,10 @@ class VaswaniGenerationConfig(GenerationConfig):
       the one behind the paper's numbers; `"fairseq"` is fairseq's `SequenceGenerator` (see `paper_beam_search`).
     - `max_len_a`, `max_len_b` (numbers or None): each sentence generates at most
       `int(max_len_a * source_length + max_len_b)` tokens, source_length being its number of non-padding tokens
-      (its `</s>` included). Used unless `max_length` or `max_new_tokens` is passed to `generate` (or set in a
-      `generation_config` passed to it); set `max_len_b=None` to fall back to the config's own `max_length`.
+      (its `</s>` included). Used unless `max_length` or `max_new_tokens` is set: passed to `generate`, in a
+      `generation_config` passed to it, or in the model's own generation config (there a `max_length` of 20,
+      transformers' default, which Seq2SeqTrainer writes into it, does not count); set `max_len_b=None` to fall back
+      to the config's own `max_length`.
       With learned positions (Table 3 row E) the rule is capped at the decoder's `max_position_embeddings`.
     """
 
@@ -168,11 +178,16 @@ class VaswaniGenerationMixin(GenerationMixin):
 
         Extra generation-config fields (keyword arguments here, or attributes of the generation config):
         `length_penalty_type` ("gnmt", the default, or "transformers"), `beam_search_rules` ("t2t", the default, or
-        "fairseq"), `max_len_a` and `max_len_b` (see
-        `VaswaniGenerationConfig`). Deterministic beam search (`num_beams > 1`, no sampling, constraints, beam
-        groups or assistant) with `length_penalty_type="gnmt"` runs `paper_beam_search`; anything else is
-        transformers' own `generate`. The length rule applies in both cases (in transformers' own decoding as one
-        `max_length` for the batch: the longest sentence's limit).
+        "fairseq"), `max_len_a` and `max_len_b` (see `VaswaniGenerationConfig`). Deterministic beam search
+        (`num_beams > 1`, no sampling, constraints, beam groups or assistant) with `length_penalty_type="gnmt"` runs
+        `paper_beam_search`; anything else is transformers' own `generate`.
+
+        The length rule applies in both cases: per sentence in the paper's beam search and in transformers' greedy
+        search and sampling (a stopping criterion; `forced_eos_token_id` is forced at each sentence's own limit too),
+        in transformers' other decoding as one `max_length` for the batch (the longest sentence's limit). It is not
+        used where a length is set: `max_length` or `max_new_tokens` passed here, set in the `generation_config`
+        passed here, or set in the model's own `generation_config` (saved with it), except a `max_length` of 20 there
+        (transformers' default, which Seq2SeqTrainer writes into the model's config; pass `max_length=20` to mean it).
         """
         fields = {
             name: _resolve_custom_field(name, kwargs, generation_config, self.generation_config)
@@ -186,12 +201,8 @@ class VaswaniGenerationMixin(GenerationMixin):
             inferred = source_padding_mask(source_ids, self.config)
             if inferred is not None:
                 kwargs["attention_mask"] = inferred
-        length_given = kwargs.get("max_length") is not None or kwargs.get("max_new_tokens") is not None
-        if generation_config is not None:
-            length_given |= generation_config.max_length is not None or generation_config.max_new_tokens is not None
-
         sentence_max_new_tokens = None
-        if not length_given and fields["max_len_b"] is not None:
+        if not _length_given(kwargs, generation_config, self.generation_config) and fields["max_len_b"] is not None:
             lengths = _source_lengths(inputs, kwargs, self.config.pad_token_id)
             sentence_max_new_tokens = (lengths * (fields["max_len_a"] or 0) + fields["max_len_b"]).long()
             if int(sentence_max_new_tokens.min()) < 1:
@@ -211,11 +222,11 @@ class VaswaniGenerationMixin(GenerationMixin):
             )
 
         effective_config, _ = self._prepare_generation_config(generation_config, **kwargs)
-        if (
-            fields["length_penalty_type"] == "gnmt"
-            and custom_generate is None
-            and effective_config.get_generation_mode(assistant_model) == GenerationMode.BEAM_SEARCH
-        ):
+        num_beams = effective_config.num_beams
+        if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral) or num_beams < 1:
+            raise ValueError(f"`num_beams` must be a positive integer (1 for greedy decoding), got {num_beams!r}.")
+        mode = effective_config.get_generation_mode(assistant_model)
+        if fields["length_penalty_type"] == "gnmt" and custom_generate is None and mode == GenerationMode.BEAM_SEARCH:
             if streamer is not None:  # as transformers' beam search
                 raise ValueError("`streamer` cannot be used with beam search: set `num_beams=1`.")
             if synced_gpus is None:
@@ -231,6 +242,15 @@ class VaswaniGenerationMixin(GenerationMixin):
                 paper_synced_gpus=bool(synced_gpus),
                 paper_beam_search_rules=fields["beam_search_rules"],
             )
+        elif sentence_max_new_tokens is not None and custom_generate is None and mode in _ONE_ROW_PER_SEQUENCE:
+            # transformers' max_length is the longest sentence's limit: each sentence stops (and ends) at its own
+            stop = _SentenceMaxLength(sentence_max_new_tokens, prompt_length)
+            stopping_criteria = StoppingCriteriaList([*(stopping_criteria or []), stop])
+            if effective_config.forced_eos_token_id is not None:
+                forced = _ForcedEOSAtSentenceLimits(
+                    effective_config.forced_eos_token_id, sentence_max_new_tokens, prompt_length
+                )
+                logits_processor = LogitsProcessorList([*(logits_processor or []), forced])
         return super().generate(
             inputs,
             generation_config,
@@ -245,6 +265,69 @@ class VaswaniGenerationMixin(GenerationMixin):
             custom_generate,
             **kwargs,
         )
+
+
+# transformers' decoding modes whose rows are the sentences (or their num_return_sequences copies), run to the end
+_ONE_ROW_PER_SEQUENCE = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
+
+
+class _SentenceMaxLength(StoppingCriteria):
+    """Each sentence's own maximum length in transformers' greedy search and sampling, whose `max_length` is one for
+    the batch (the longest sentence's): a row stops once it has generated its sentence's limit."""
+
+    def __init__(self, limits: torch.Tensor, prompt_length: int):
+        self.limits = limits  # (batch,) generated tokens per sentence
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        limits = _row_limits(self.limits, input_ids.shape[0], input_ids.device)
+        return limits <= input_ids.shape[-1] - self.prompt_length
+
+
+class _ForcedEOSAtSentenceLimits(LogitsProcessor):
+    """transformers' `ForcedEOSTokenLogitsProcessor` at each sentence's own maximum length (transformers builds it with
+    one `max_length` for the batch, the longest sentence's): a row whose next token is its sentence's last may only
+    take the forced eos token."""
+
+    def __init__(self, eos_token_id, limits: torch.Tensor, prompt_length: int):
+        self.eos_ids = torch.as_tensor(eos_token_id).reshape(-1)
+        self.limits = limits  # (batch,) generated tokens per sentence
+        self.limit_values = frozenset(limits.tolist())
+        self.prompt_length = prompt_length
+        self.sentences = None  # each row's sentence, where the beam search sets it (its rows change every step)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        generated = input_ids.shape[-1] + 1 - self.prompt_length  # |Y| with this step's token
+        if generated not in self.limit_values:
+            return scores
+        if self.sentences is not None:
+            limits = self.limits.to(scores.device)[self.sentences]
+        else:
+            limits = _row_limits(self.limits, scores.shape[0], scores.device)
+        forced = torch.full_like(scores, -math.inf)
+        forced[:, self.eos_ids.to(scores.device)] = 0
+        return torch.where((limits == generated)[:, None], forced, scores)
+
+
+def _row_limits(limits: torch.Tensor, rows: int, device) -> torch.Tensor:
+    """The sentence limits repeated for rows that hold each sentence's returned sequences one after another."""
+    return limits.to(device).repeat_interleave(rows // limits.shape[0])
+
+
+def _length_given(kwargs: dict, generation_config: GenerationConfig | None, model_generation_config) -> bool:
+    """Whether `max_length` or `max_new_tokens` is set: passed to `generate`, in the `generation_config` passed to
+    it, or in the model's own generation config (transformers fills the unset fields of the former from it). There,
+    a `max_length` equal to transformers' default (20) does not count: Seq2SeqTrainer writes the defaults into the
+    model's generation config after its first evaluation step."""
+    if kwargs.get("max_length") is not None or kwargs.get("max_new_tokens") is not None:
+        return True
+    if generation_config is not None and (
+        generation_config.max_length is not None or generation_config.max_new_tokens is not None
+    ):
+        return True
+    transformers_default = GenerationConfig._get_default_generation_params()["max_length"]
+    saved = model_generation_config
+    return saved.max_new_tokens is not None or saved.max_length not in (None, transformers_default)
 
 
 def _with_field(generation_config: GenerationConfig | None, kwargs: dict, name: str, value) -> GenerationConfig | None:
@@ -284,6 +367,7 @@ _ROW_INDEPENDENT = {
     "RepetitionPenaltyLogitsProcessor", "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
     "SequenceBiasLogitsProcessor", "InfNanRemoveLogitsProcessor", "ExponentialDecayLengthPenalty",
     "TemperatureLogitsWarper", "MaxTimeCriteria", "StopStringCriteria", "EosTokenCriteria", "MaxLengthCriteria",
+    "_ForcedEOSAtSentenceLimits",
 }  # fmt: skip
 
 
@@ -359,7 +443,9 @@ def paper_beam_search(
       (none by default), computed in float32 (float64 for a float64 model). An eos token and any stopping criterion
       end a hypothesis alike.
     - Maximum length per sentence: `paper_sentence_max_new_tokens` (max_len_a * source length + max_len_b), or
-      `generation_config.max_length` minus P when the caller gave a length. A hypothesis reaching it is cut there.
+      `generation_config.max_length` minus P when the caller gave a length. A hypothesis reaching it is cut there;
+      `forced_eos_token_id` forces its eos token as each sentence's last token (transformers' processor would force
+      it at the batch's one `max_length`).
     - Each step, per sentence: (1) the 2K best continuations of its K running beams by log P are the candidates;
       (2) some of them join the sentence's finished set, which keeps its K best by penalised score; (3) the K best
       candidates that did not end are the next running beams; (4) the sentence stops or goes on.
@@ -395,13 +481,15 @@ def paper_beam_search(
     `encoder_hidden_states`. Rows of sentences already finished hold -inf (scores, logits) or 0. With the key/value
     cache, `cache` holds the returned sequences but their last token (one decoder pass over them), so that decoding
     can continue from it. Finished sentences leave the batch (their cache rows are dropped), unless `synced_gpus`, a
-    sentence-dependent logits processor or a non-dynamic (e.g. static) cache keeps the batch whole.
+    sentence-dependent logits processor or a non-dynamic (e.g. static) cache keeps the batch whole: they then run
+    along without changing their finished hypotheses, their rows of the per-step outputs as if they had left.
     """
     search, alive, finished, cache, model_kwargs = _start(
         model, input_ids, logits_processor, stopping_criteria, generation_config,
         paper_sentence_max_new_tokens, paper_beam_search_rules, model_kwargs,
     )  # fmt: skip
     K = search.num_beams
+    logits_processor, forced_eos = _forced_eos_per_sentence(logits_processor, generation_config, search)
     device = input_ids.device
     total_rows = input_ids.shape[0]
     use_cache = cache is not None
@@ -445,15 +533,21 @@ def paper_beam_search(
             continue
         logits = outputs.logits[:, -1, :].to(score_dtype)
         log_probs = nn.functional.log_softmax(logits, dim=-1)
+        # Where the batch stays whole, sentences already done run along: nothing of theirs may change any more.
+        running = ~done[alive.active]
         if len(logits_processor) > 0:
+            if forced_eos is not None:
+                forced_eos.sentences = alive.active.repeat_interleave(K)
             log_probs = logits_processor(alive.sequences, log_probs)
-            bound_valid = bound_valid and not bool(log_probs.max() > 0)  # one pass, no boolean tensor
-        record.add(outputs, log_probs, logits, alive.active, K)
+            best = log_probs.amax(dim=-1).view(-1, K)[running]  # one pass; the running sentences' rows
+            bound_valid = bound_valid and not bool((best > 0).any())
+        record.add(outputs, log_probs, logits, alive.active, K, running)
         del outputs
 
         candidates = _top_candidates(search, alive, log_probs, record.scores)
-        at_limit = search.limits[alive.active] <= candidates.generated
-        _grow_finished(search, finished, alive, candidates, _may_finish(search, finished, alive, candidates, at_limit))
+        at_limit = (search.limits[alive.active] <= candidates.generated) & running
+        may_finish = _may_finish(search, finished, alive, candidates, at_limit) & running[:, None]
+        _grow_finished(search, finished, alive, candidates, may_finish)
         alive, cache_rows = _grow_alive(search, alive, candidates)
         if search.rules == "t2t" and candidates.generated in search.limit_values:
             _fill_with_alive_at_limit(search, finished, alive, at_limit, candidates.generated)
@@ -539,6 +633,19 @@ def _start(model, input_ids, logits_processor, stopping_criteria, generation_con
     )
     cache = kwargs.get("cache") if kwargs.get("use_cache", True) else None
     return search, alive, finished, cache, kwargs
+
+
+def _forced_eos_per_sentence(logits_processor, generation_config, search: _Search):
+    """The logits processors with the batch-wide forced eos (built from `max_length`) forced at each sentence's
+    limit instead, in its place; and that processor (None if there is none)."""
+    processors, forced_eos = LogitsProcessorList(), None
+    for processor in logits_processor:
+        batch_wide = isinstance(processor, ForcedEOSTokenLogitsProcessor)
+        if batch_wide and processor.max_length == generation_config.max_length:
+            processor = _ForcedEOSAtSentenceLimits(processor.eos_token_id, search.limits, search.prompt_length)
+            forced_eos = processor
+        processors.append(processor)
+    return processors, forced_eos
 
 
 def _rows_independent(logits_processor, stopping_criteria) -> bool:
@@ -704,30 +811,35 @@ class _StepOutputs:
         self.attentions = ((), ()) if wanted and generation_config.output_attentions else None
         self.hidden_states = () if wanted and generation_config.output_hidden_states else None
 
-    def add(self, outputs, log_probs: torch.Tensor, logits: torch.Tensor, active: torch.Tensor, num_beams: int):
-        """Records one step's outputs of the active sentences' rows (other rows: -inf scores and logits, else 0)."""
+    def add(self, outputs, log_probs, logits, active: torch.Tensor, num_beams: int, running: torch.Tensor):
+        """Records one step's outputs of the running sentences' rows (other rows: -inf scores and logits, else 0)."""
         if self.scores is None and self.logits is None and self.attentions is None and self.hidden_states is None:
             return
         rows = (active[:, None] * num_beams + torch.arange(num_beams, device=active.device)).view(-1)
+        done_rows = ~running.repeat_interleave(num_beams)
+
+        def place(values, fill):
+            return _scatter_rows(values, rows, done_rows, self.total_rows, fill)
+
         if self.scores is not None:
-            self.scores += (_scatter_rows(log_probs, rows, self.total_rows, -math.inf),)
+            self.scores += (place(log_probs, -math.inf),)
         if self.logits is not None:
-            self.logits += (_scatter_rows(logits, rows, self.total_rows, -math.inf),)
+            self.logits += (place(logits, -math.inf),)
         if self.attentions is not None:
             decoder, cross = self.attentions
             self.attentions = (
-                decoder + (tuple(_scatter_rows(a, rows, self.total_rows, 0.0) for a in outputs.decoder_attentions),),
-                cross + (tuple(_scatter_rows(a, rows, self.total_rows, 0.0) for a in outputs.cross_attentions),),
+                decoder + (tuple(place(a, 0.0) for a in outputs.decoder_attentions),),
+                cross + (tuple(place(a, 0.0) for a in outputs.cross_attentions),),
             )
         if self.hidden_states is not None:
-            states = tuple(_scatter_rows(h, rows, self.total_rows, 0.0) for h in outputs.decoder_hidden_states)
-            self.hidden_states += (states,)
+            self.hidden_states += (tuple(place(h, 0.0) for h in outputs.decoder_hidden_states),)
 
 
-def _scatter_rows(values: torch.Tensor, rows: torch.Tensor, total_rows: int, fill: float) -> torch.Tensor:
-    """Rows of the active sentences placed in a tensor of `total_rows` rows; other rows hold `fill`."""
+def _scatter_rows(values: torch.Tensor, rows: torch.Tensor, done_rows: torch.Tensor, total_rows: int, fill: float):
+    """Rows of the active sentences placed in a tensor of `total_rows` rows; other rows and `done_rows` hold `fill`."""
+    values = values.masked_fill(done_rows.view(-1, *[1] * (values.dim() - 1)), fill)
     if values.shape[0] == total_rows:
-        return values.clone()
+        return values
     full = values.new_full((total_rows, *values.shape[1:]), fill)
     full[rows] = values
     return full

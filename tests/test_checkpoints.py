@@ -20,6 +20,7 @@ from vaswani_transformer.checkpoints import (
     checkpoint_problem,
     find_checkpoints,
     find_last_complete_checkpoint,
+    resolve_resume_checkpoint,
 )
 
 import helpers
@@ -201,6 +202,38 @@ def test_a_checkpoint_is_complete_only_when_every_file_loads(tmp_path, damage):
         assert name in for_averaging and for_averaging == for_resume
     assert find_last_complete_checkpoint(run) == str(older)  # what --resume_from_checkpoint latest picks
     assert (run / "incomplete-checkpoint-2").is_dir()
+
+
+def test_a_save_only_model_checkpoint_is_kept_and_resuming_from_it_is_an_error_saying_what_to_do(tmp_path):
+    """The Trainer writes a checkpoint's weights, then its optimizer, scheduler and rng states, then trainer_state.json
+    last; save_only_model skips the states. A whole checkpoint with trainer_state.json and none of the states is a
+    model-only one: averaged, never moved aside as half-written, and resuming from it (latest or named) is an error
+    naming save_only_model and --model_name_or_path. One state without the other is still incomplete."""
+    run = tmp_path / "run"
+    full = resumable_checkpoint(run / "checkpoint-1")
+    for step in (2, 3):
+        write_checkpoint(tiny_model(seed=step), run / f"checkpoint-{step}", tiny_tokenizer())
+    assert checkpoint_problem(run / "checkpoint-3") is None  # averages
+    said = (r"checkpoint-3 was saved with save_only_model .*cannot resume from it.*--model_name_or_path "
+            r"\S*checkpoint-3 and a new --output_dir")
+    for value in ("latest", str(run / "checkpoint-3")):
+        with pytest.raises(ValueError, match=said):
+            resolve_resume_checkpoint(value, run)
+    assert find_checkpoints(run) == [run / f"checkpoint-{s}" for s in (1, 2, 3)]  # none moved aside
+    assert find_last_complete_checkpoint(run) == str(full)
+    # a half-written newer one (no trainer_state.json) is moved aside; the model-only ones still stop "latest"
+    (run / "checkpoint-4").mkdir()
+    (run / "checkpoint-4" / "model.safetensors").write_bytes(b"\0" * 10)
+    with pytest.raises(ValueError, match=said):
+        resolve_resume_checkpoint("latest", run)
+    assert (run / "incomplete-checkpoint-4").is_dir()
+    # optimizer state without the scheduler's (a checkpoint tampered with): incomplete, moved aside
+    for step in (2, 3):
+        torch.save({}, run / f"checkpoint-{step}" / "optimizer.pt")
+    assert checkpoint_problem(run / "checkpoint-3", for_resume=True) == "missing optimizer or scheduler state"
+    assert resolve_resume_checkpoint("latest", run) == str(full)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-1", "incomplete-checkpoint-2",
+                                                     "incomplete-checkpoint-3", "incomplete-checkpoint-4"]
 
 
 def test_bad_inputs(tmp_path):

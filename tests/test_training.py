@@ -5,6 +5,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -414,17 +415,31 @@ def test_learning_rate_with_the_paper_schedule_is_an_error_naming_lr_factor(tmp_
     (["--lr_scheduler_type", "cosine"], r"lr_scheduler_type=cosine has no effect with lr_schedule=paper.*lr_factor"),
     (["--lr_scheduler_kwargs", '{"num_decay_steps": 5}'], r"lr_scheduler_kwargs=.* has no effect with lr_schedule=paper"),
     (["--per_device_train_batch_size", "64"], r"per_device_train_batch_size=64 has no effect: .*token batches.*now 4096"),
+    (["--auto_find_batch_size", "true"], r"auto_find_batch_size has no effect: .*token batches.*max_tokens_per_batch"),
+    (["--auto_find_batch_size"], r"auto_find_batch_size has no effect"),
+    (["--lr_schedule", "hf", "--lr_factor", "0.45"],
+     r"lr_factor=0.45 has no effect with lr_schedule=hf.*learning_rate \(now 5e-05\): set learning_rate"),
     (["--gradient_accumulation_steps", "4", "--tokens_per_update", "25000"], r"both set the accumulation"),
 ])  # fmt: skip
 def test_training_arguments_that_would_be_ignored_are_errors_naming_what_to_set(tmp_path, flags, message):
-    """Flags of transformers' Trainer that this training overrides (its schedule, its token batches, the
-    accumulation tokens_per_update sets) are errors, not silently dropped; in their own setting they are taken."""
+    """Flags of transformers' Trainer that this training overrides (its schedule, its batch size and the search for one
+    that fits, which token batches replace, the accumulation tokens_per_update sets), and lr_factor beside
+    transformers' schedules, are errors, not silently dropped; in their own setting they are taken."""
     with pytest.raises(ValueError, match=message):
         parse_arguments(["--output_dir", str(tmp_path), *flags])
     hf = parse_arguments(["--output_dir", str(tmp_path), "--lr_schedule", "hf", "--lr_scheduler_type", "cosine"])[2]
     assert hf.lr_scheduler_type == "cosine"
     accumulation = parse_arguments(["--output_dir", str(tmp_path), "--gradient_accumulation_steps", "4"])[2]
     assert accumulation.gradient_accumulation_steps == 4
+    assert parse_arguments(["--output_dir", str(tmp_path), "--auto_find_batch_size", "false"])[2].auto_find_batch_size \
+        is False
+    # lr_factor is refused with hf only when given: its default, and the hf recipes that leave it out, are fine
+    recipe = tmp_path / "hf.yaml"
+    recipe.write_text("output_dir: out\nlr_schedule: hf\nlearning_rate: 0.001\n")
+    assert parse_arguments([str(recipe)])[2].lr_factor == 1.0
+    recipe.write_text("output_dir: out\nlr_schedule: hf\nlr_factor: 2\n")
+    with pytest.raises(ValueError, match="lr_factor=2 has no effect with lr_schedule=hf"):
+        parse_arguments([str(recipe)])
 
 
 def test_unknown_recipe_key_lists_valid_ones(tmp_path):
@@ -458,6 +473,7 @@ def test_a_tokenizer_trained_earlier_in_the_output_dir_is_reused_only_with_the_s
     out = tmp_path / "out"
     run_from_args(tiny_args(data, out, "--max_steps", "1"))
     trained = (out / "tokenizer" / "tokenizer.json").read_bytes()
+    shutil.rmtree(out / "checkpoint-1")  # a new run refuses the earlier run's checkpoints, not its tokenizer
     for flags, said in ((["--tokenizer_vocab_size", "400"], "--tokenizer_vocab_size 400 (it has 300)"),
                         (["--tokenizer_model", "wordpiece"], "--tokenizer_model 'wordpiece' (it has 'bpe')")):
         with pytest.raises(ValueError, match=f"holds a tokenizer an earlier run trained with .*{re.escape(said)}"):
@@ -768,6 +784,73 @@ def test_a_resumed_run_uses_its_own_save_and_logging_intervals(tmp_path):
     assert sorted(losses(out / "trainer_state.json")) == [1, 2, 4, 5, 6, 7, 8]  # (update 1 is always logged)
 
 
+class _RecordRates(TrainerCallback):
+    """The learning rate each optimizer update uses, by update number (1-based)."""
+
+    def __init__(self):
+        self.rates = {}
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        self.rates[state.global_step + 1] = optimizer.param_groups[0]["lr"]
+
+
+def test_a_run_resumed_with_another_schedule_uses_it_from_its_first_update(tmp_path):
+    """Resumed with another lr_factor and warmup_steps, every update from the first resumed one uses the paper's
+    formula with the new values (the optimizer's state brings back the rate of the checkpoint's schedule)."""
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out, record = tmp_path / "out", _RecordRates()
+    run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_steps", "4"))  # lr_factor 3, warmup 10
+    args = tiny_args(data, out, "--max_steps", "7", "--save_steps", "4", "--resume_from_checkpoint", "latest")
+    args[args.index("--lr_factor") + 1], args[args.index("--warmup_steps") + 1] = "6", "5"
+    run_from_args(args, callbacks=[record])
+    assert sorted(record.rates) == [5, 6, 7]
+    for n, rate in record.rates.items():
+        assert rate == pytest.approx(6 * 32**-0.5 * min(n**-0.5, n * 5**-1.5), rel=1e-12), n
+
+
+def test_a_new_run_into_a_folder_with_checkpoints_is_refused_before_anything_is_written(tmp_path, capsys):
+    """A run that does not resume refuses an output_dir holding an earlier run's checkpoints (its averaging, rotation
+    and a later --resume_from_checkpoint latest would take them for its own) before it trains or writes anything;
+    the command line says so in one line, exit status 1."""
+    from vaswani_transformer.train import main
+
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out = tmp_path / "out"
+    run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_steps", "2"))
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    again = tiny_args(data, out, "--max_steps", "2", "--seed", "11", "--average_last_checkpoints", "2")
+    said = (rf"--output_dir {re.escape(str(out))} holds checkpoints of an earlier run \(checkpoint-2, checkpoint-4\).*"
+            r"a new --output_dir.*--resume_from_checkpoint latest.*delete its checkpoint-\* folders")
+    with pytest.raises(ValueError, match=said):
+        run_from_args(again)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(again)
+    assert stopped.value.code == 1
+    assert re.fullmatch(rf"\S+: error: {said}\.\n", capsys.readouterr().err)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before  # nothing trained, written or moved
+
+
+def test_resuming_a_save_only_model_run_is_an_error_and_its_weights_start_a_new_run(tmp_path):
+    """--resume_from_checkpoint latest after a --save_only_model run (checkpoints without optimizer and scheduler
+    states) is an error naming save_only_model and what to do, before anything is moved or written; what it says to
+    do, a new run from the checkpoint's weights, trains."""
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out = tmp_path / "out"
+    run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_steps", "2", "--save_only_model", "true"))
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    latest = out / "checkpoint-4"
+    with pytest.raises(ValueError, match=rf"{re.escape(str(latest))} was saved with save_only_model .*cannot resume "
+                       rf"from it.*--model_name_or_path {re.escape(str(latest))} and a new --output_dir"):
+        run_from_args(tiny_args(data, out, "--max_steps", "6", "--save_steps", "2", "--save_only_model", "true",
+                                "--resume_from_checkpoint", "latest"))  # fmt: skip
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before  # no checkpoint moved aside as incomplete
+    args = tiny_args(data, tmp_path / "new", "--max_steps", "1", "--model_name_or_path", str(latest))
+    at = args.index("--config_overrides")
+    del args[at : at + 2]  # (a new model's option)
+    assert run_from_args(args)["summary"]["updates"] == 1
+
+
 def test_resume_latest_skips_a_truncated_checkpoint_and_keeps_totals(tmp_path):
     """--resume_from_checkpoint latest passes over a checkpoint whose model.safetensors is cut short (moved aside);
     the resumed run ends with the same losses and totals as the uninterrupted one, and logs no false missing keys."""
@@ -1001,6 +1084,31 @@ def test_averaging_reports_the_validation_score_before_it(tmp_path, caplog, caps
                          f"{final_loss:.4g} before averaging") == 2
     warned = [r.getMessage() for r in caplog.records if "made the validation loss worse" in r.getMessage()]
     assert len(warned) == 2 and warned[0].startswith("Averaging the last 3 checkpoints made the validation loss worse")
+
+
+def test_averaging_with_a_kept_best_checkpoint_needs_room_for_the_last_n(tmp_path):
+    """save_total_limit's rotation keeps the best checkpoint (load_best_model_at_end) besides the newest: averaging the
+    last N with save_total_limit <= N is refused up front (the best could stand in for a deleted newer one); with
+    save_total_limit N + 1 the last N averaged are the N newest updates' checkpoints while an earlier best is kept."""
+    data = write_fixture(tmp_path / "data", n_train=60)
+    best = ("--eval_strategy", "steps", "--eval_steps", "2", "--predict_with_generate", "false", "--do_eval",
+            "--load_best_model_at_end", "true", "--metric_for_best_model", "loss", "--greater_is_better", "true")
+    out = tmp_path / "out"
+    common = (*best, "--max_steps", "12", "--save_steps", "2", "--average_last_checkpoints", "2")
+    for limit in ("1", "2"):
+        with pytest.raises(ValueError, match=rf"average_last_checkpoints=2 with save_total_limit={limit} and a best "
+                           r"model tracked \(metric_for_best_model=loss\).*save_total_limit to at least 3"):
+            parse_arguments(tiny_args(data, out, *common, "--save_total_limit", limit))
+    assert parse_arguments(tiny_args(data, out, "--max_steps", "8", "--save_total_limit", "2",
+                                     "--average_last_checkpoints", "2"))[1].average_last_checkpoints == 2  # no best
+    # loss with greater_is_better: the highest validation loss is the best (at update 6 here), an early-peaking metric
+    run_from_args(tiny_args(data, out, *common, "--save_total_limit", "3"))
+    best_step = int(json.loads((out / "trainer_state.json").read_text())["best_model_checkpoint"].rsplit("-", 1)[1])
+    assert best_step < 10  # (else this run would not test the rotation)
+    kept = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    assert kept == sorted([best_step, 10, 12])
+    averaged = json.loads((out / "averaged" / "averaged_checkpoints.json").read_text())["checkpoints"]
+    assert averaged == [str(out / "checkpoint-10"), str(out / "checkpoint-12")]
 
 
 def test_gradient_norm_logged_without_computing_it_every_update(tmp_path):

@@ -112,7 +112,8 @@ def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str
     Complete means every file in it loads (`file_problem`: safetensors header and size agree, JSON parses, torch
     archives are whole) and the needed files exist: `trainer_state.json` (the Trainer writes it last, so without it
     the checkpoint was left half-written by a run killed while saving) and the weights (`model.safetensors` for
-    averaging; any weights format the Trainer saves, plus the optimizer and scheduler states, for resuming). FSDP's
+    averaging; any weights format the Trainer saves, plus the optimizer and scheduler states, for resuming; a whole
+    checkpoint with neither, which a ``save_only_model`` run writes, is `MODEL_ONLY` for resuming). FSDP's
     sharded folders (`pytorch_model_fsdp_0/`, `optimizer_0/`) must be whole (`sharded_folder_problem`); they resume
     but do not average (no `model.safetensors`: the shipped FSDP config saves full state dicts).
     """
@@ -130,7 +131,8 @@ def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str
         return f"missing {SAFE_WEIGHTS_NAME}"
     if not (path / TRAINER_STATE_NAME).is_file():
         return f"missing {TRAINER_STATE_NAME} (checkpoint not finished)"
-    if for_resume and not (any(path.glob("optimizer*")) and any(path.glob("scheduler*"))):
+    states = (any(path.glob("optimizer*")), any(path.glob("scheduler*")))
+    if for_resume and any(states) and not all(states):
         return "missing optimizer or scheduler state"
     for file in sorted(path.iterdir()):
         if file.is_dir() and (file.name.startswith(f"{FSDP_MODEL_NAME}_") or file.name.startswith("optimizer_")):
@@ -145,7 +147,23 @@ def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str
         absent = sorted(name for name in shards if not (path / name).is_file())
         if absent:
             return f"missing weight shard(s) {absent}"
+    if for_resume and not any(states):  # whole, trainer state written last: the run saved no states on purpose
+        return MODEL_ONLY
     return None
+
+
+# A whole checkpoint without optimizer and scheduler states (`checkpoint_problem`): a save_only_model run's.
+MODEL_ONLY = "saved with save_only_model (weights and trainer state only, no optimizer or scheduler state)"
+
+
+def cannot_resume_model_only(path: os.PathLike | str) -> ValueError:
+    """The error for resuming from `path`, a whole checkpoint a ``save_only_model`` run wrote: transformers would
+    start a new optimizer and schedule at its step, not continue the run."""
+    return ValueError(
+        f"{path} was {MODEL_ONLY}: training cannot resume from it. Start a new run from its weights with "
+        f"--model_name_or_path {path} and a new --output_dir (the learning-rate schedule starts again at update 1), "
+        "and train with --save_only_model false to write checkpoints that resume."
+    )
 
 
 class UnsafePickleError(pickle.UnpicklingError, ValueError):
@@ -211,14 +229,18 @@ def find_last_complete_checkpoint(output_dir: str | os.PathLike, quarantine: boo
 
     Incomplete ones newer than it (left by a killed run) are renamed ``incomplete-checkpoint-N`` (or
     ``incomplete-checkpoint-N.K``) with a warning when ``quarantine`` is true, so the Trainer's own checkpoint
-    rotation and later saves never mistake them for real checkpoints.
+    rotation and later saves never mistake them for real checkpoints. Whole ones a ``save_only_model`` run wrote
+    (`MODEL_ONLY`) are passed over and left in place.
     """
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return None
     for p in reversed(find_checkpoints(output_dir)):
-        if checkpoint_problem(p, for_resume=True) is None:
+        problem = checkpoint_problem(p, for_resume=True)
+        if problem is None:
             return str(p)
+        if problem == MODEL_ONLY:
+            continue
         if quarantine:
             target = output_dir / f"incomplete-{p.name}"
             k = 0
@@ -230,19 +252,30 @@ def find_last_complete_checkpoint(output_dir: str | os.PathLike, quarantine: boo
     return None
 
 
+NOT_RESUMING = (None, "", "false", "False", False)  # resume_from_checkpoint values that start a new run
+
+
 def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, quarantine: bool = True) -> str | None:
     """The checkpoint ``resume_from_checkpoint=value`` names: None for none, the newest complete one of
     ``output_dir`` for ``latest``/``true`` (None, with a warning, when there is none), or the given folder, which
-    must be complete (a ValueError naming what is wrong otherwise)."""
-    if value in (None, "", "false", "False"):
+    must be complete (a ValueError naming what is wrong otherwise). A ``save_only_model`` checkpoint (`MODEL_ONLY`),
+    the one named or one newer than the latest complete one, is a ValueError saying how to go on from its weights."""
+    if value in NOT_RESUMING:
         return None
     if value in ("latest", "true", "True", True):
         found = find_last_complete_checkpoint(output_dir, quarantine=quarantine)
+        kept = find_checkpoints(output_dir) if Path(output_dir).is_dir() else []
+        newer = [p for p in kept if found is None or checkpoint_step(p) > checkpoint_step(found)]
+        model_only = [p for p in newer if checkpoint_problem(p, for_resume=True) == MODEL_ONLY]
+        if model_only:
+            raise cannot_resume_model_only(model_only[-1])
         if found is None:
             logger.warning("resume_from_checkpoint=%s: no complete checkpoint in %s; starting from scratch.",
                            value, output_dir)
         return found
     problem = checkpoint_problem(value, for_resume=True)
+    if problem == MODEL_ONLY:
+        raise cannot_resume_model_only(value)
     if problem is not None:
         raise ValueError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}.")
     return value
@@ -492,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "AveragingResult",
+    "MODEL_ONLY",
+    "NOT_RESUMING",
     "UnsafePickleError",
     "average_checkpoints",
     "average_last_checkpoints",

@@ -43,7 +43,7 @@ from transformers import (
     set_seed,
 )
 
-from .checkpoints import average_last_checkpoints, resolve_resume_checkpoint
+from .checkpoints import NOT_RESUMING, average_last_checkpoints, find_checkpoints, resolve_resume_checkpoint
 from .cli import did_you_mean, output_path_problem, unknown_arguments_message
 from .configuration_vaswani_transformer import VaswaniTransformerConfig, preset_training_arguments
 from .data import (
@@ -68,6 +68,7 @@ from .trainer import (
     has_native_bf16,
     keep_freed_cpu_memory,
     keep_onednn_primitives,
+    rank0_decides,
     skip_cudnn_attention,
 )
 
@@ -193,7 +194,8 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     )
     max_train_minutes: float | None = field(
         default=None,
-        metadata={"help": "Wall-clock budget: stop (and save) after this many minutes of training; max_steps still applies."},
+        metadata={"help": "Wall-clock budget: stop (and save) after this many minutes of training; max_steps still "
+                  "applies. Counted from this run's start: a resumed run gets the whole budget again."},
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
     report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Loggers (tensorboard)."})
@@ -300,6 +302,7 @@ def parse_arguments(argv: list[str] | None = None):
     if rest:
         raise ValueError(f"{unknown_arguments_message(parser, rest)} Unknown arguments: {rest}.")
     check_arguments_take_effect(given, data_args, training_args)
+    check_averaged_checkpoints_are_kept(data_args, training_args)
     return model_args, data_args, training_args
 
 
@@ -314,17 +317,44 @@ def check_arguments_take_effect(given: dict[str, Any], data_args, training_args)
                     "lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5): scale them with lr_factor, "
                     "or use lr_schedule=hf for transformers' schedules with learning_rate."
                 )
+    elif "lr_factor" in given:
+        raise ValueError(
+            f"lr_factor={given['lr_factor']} has no effect with lr_schedule={training_args.lr_schedule}, whose rates "
+            f"are transformers' lr_scheduler_type with learning_rate (now {training_args.learning_rate}): set "
+            "learning_rate, or use lr_schedule=paper for the paper's schedule that lr_factor scales."
+        )
     if "per_device_train_batch_size" in given:
         raise ValueError(
             f"per_device_train_batch_size={given['per_device_train_batch_size']} has no effect: training batches are "
             f"token batches of max_tokens_per_batch tokens per side and device (now {data_args.max_tokens_per_batch}); "
             "set that instead (per_device_eval_batch_size sets the evaluation batches)."
         )
+    if given.get("auto_find_batch_size"):
+        raise ValueError(
+            "auto_find_batch_size has no effect: on running out of memory it lowers per_device_train_batch_size, but "
+            f"training batches are token batches of max_tokens_per_batch tokens per side and device (now "
+            f"{data_args.max_tokens_per_batch}); set a max_tokens_per_batch that fits instead."
+        )
     if "gradient_accumulation_steps" in given and data_args.tokens_per_update is not None:
         raise ValueError(
             f"gradient_accumulation_steps={given['gradient_accumulation_steps']} and tokens_per_update="
             f"{data_args.tokens_per_update} both set the accumulation (tokens_per_update from max_tokens_per_batch and "
             "the number of processes): give one of them."
+        )
+
+
+def check_averaged_checkpoints_are_kept(data_args, training_args) -> None:
+    """A ValueError when save_total_limit's rotation may delete one of the last ``average_last_checkpoints``
+    checkpoints: with a best model tracked (metric_for_best_model, set by load_best_model_at_end) transformers keeps
+    the best checkpoint and the newest others up to save_total_limit, so "the last N" could take the best in place of
+    one deleted. save_total_limit > N keeps the newest N whatever the best."""
+    num_last, limit = data_args.average_last_checkpoints, training_args.save_total_limit
+    if num_last > 0 and limit and limit <= num_last and training_args.metric_for_best_model is not None:
+        raise ValueError(
+            f"average_last_checkpoints={num_last} with save_total_limit={limit} and a best model tracked "
+            f"(metric_for_best_model={training_args.metric_for_best_model}): the rotation always keeps the best "
+            f"checkpoint, counted in save_total_limit, so the last {num_last} averaged could include the best in place "
+            f"of a newer one it deleted. Set save_total_limit to at least {num_last + 1}, or leave it out."
         )
 
 
@@ -577,7 +607,9 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                     data_args.tokens_per_update, data_args.max_tokens_per_batch, training_args.world_size,
                     training_args.gradient_accumulation_steps)
     resume = None
-    if training_args.do_train:  # the newest complete checkpoint is found (and a broken one moved aside) by rank 0
+    if training_args.do_train and training_args.resume_from_checkpoint in NOT_RESUMING:
+        refuse_earlier_checkpoints(training_args.output_dir)  # before anything is written there
+    elif training_args.do_train:  # the newest complete checkpoint is found (and a broken one moved aside) by rank 0
         resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir,
                                            quarantine=training_args.process_index == 0)
     prepare_kernels(training_args.device, training_args.keep_freed_cpu_memory)
@@ -701,6 +733,21 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
     return result
 
 
+def refuse_earlier_checkpoints(output_dir: str) -> None:
+    """ValueError, on every process alike (rank 0's file system decides), when a run that does not resume would train
+    into an output_dir holding ``checkpoint-*`` folders: averaging, save_total_limit's rotation and a later
+    ``--resume_from_checkpoint latest`` would take an earlier run's checkpoints for this run's."""
+    found = find_checkpoints(output_dir) if os.path.isdir(output_dir) else []
+    if not rank0_decides(bool(found)):
+        return
+    names = ", ".join(p.name for p in found[-3:]) if found else "checkpoint-* folders"
+    raise ValueError(
+        f"--output_dir {output_dir} holds checkpoints of an earlier run ({names}); a new run there would average, "
+        "rotate and resume them as its own. Train into a new --output_dir, continue that run with "
+        "--resume_from_checkpoint latest, or delete its checkpoint-* folders."
+    )
+
+
 def _final_step_eval(trainer) -> dict[str, float] | None:
     """The validation metrics the Trainer logged at the run's last update (``eval_steps`` dividing ``max_steps``), or
     None when it logged none there."""
@@ -780,6 +827,7 @@ __all__ = [
     "parse_config_overrides",
     "prepare_kernels",
     "preset_training_defaults",
+    "refuse_earlier_checkpoints",
     "run_from_args",
     "run_training",
     "truncate_long_sources",

@@ -350,7 +350,7 @@ def write_failure(error: BaseException, folder: str) -> tuple[str, str] | None:
     return "a write failed (I/O error)", str(path)
 
 
-def _rank0_decides(flag: bool) -> bool:
+def rank0_decides(flag: bool) -> bool:
     """Rank 0's value of ``flag`` on every process (clocks differ between processes; decisions must not)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         tensor = torch.tensor([1 if flag else 0], dtype=torch.int64)
@@ -372,7 +372,7 @@ class _WallClockCallback(TrainerCallback):
         self.start = time.monotonic()
 
     def time_is_up(self) -> bool:
-        return _rank0_decides(time.monotonic() - self.start >= self.seconds)
+        return rank0_decides(time.monotonic() - self.start >= self.seconds)
 
 
 class SaveEveryMinutesCallback(_WallClockCallback):
@@ -388,7 +388,8 @@ class SaveEveryMinutesCallback(_WallClockCallback):
 
 
 class TimeBudgetCallback(_WallClockCallback):
-    """Stop training (saving a final checkpoint) once ``minutes`` of wall time have passed (decided on rank 0)."""
+    """Stop training (saving a final checkpoint) once ``minutes`` of wall time have passed since this run's training
+    began (decided on rank 0): a resumed run gets the whole budget again, not what the earlier runs left of it."""
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.time_is_up():
@@ -502,6 +503,17 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             )
             self._created_lr_scheduler = True
         return self.lr_scheduler
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        """Resuming restores the optimizer's rate with its state: the rate the checkpoint's schedule gave the next
+        update. The paper schedule of this run (its lr_factor and warmup_steps, which may differ) sets it again, so the
+        first resumed update uses this run's rate, as the later ones do."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        scheduler = getattr(self.lr_scheduler, "scheduler", self.lr_scheduler)  # (accelerate's wrapper, if any)
+        if checkpoint is None or getattr(self.args, "lr_schedule", "hf") != "paper":
+            return
+        for group, base, rate in zip(self.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * rate(scheduler.last_epoch)
 
     def _get_grad_norm(self, model, grad_norm=None):
         """The gradient norm for the log, computed only for updates that will be logged when nothing clips.
@@ -797,6 +809,7 @@ __all__ = [
     "keep_onednn_primitives",
     "paper_learning_rate",
     "paper_lr_scheduler",
+    "rank0_decides",
     "skip_cudnn_attention",
     "uses_paper_optimizer",
     "write_failure",

@@ -348,3 +348,37 @@ def test_bad_input_is_a_clear_error(saved, own, tmp_path, capsys):
     assert "Give --target_file (the translations to align) or --translations_file" in capsys.readouterr().err
     assert align_main(argv + ["--target_file", str(tmp_path / "t.txt")]) == 1
     assert f"{source_file} has 2 lines but {tmp_path / 't.txt'} has 1" in capsys.readouterr().err
+
+
+def test_align_cli_refuses_bad_thresholds_both_target_options_and_unwritable_outputs(saved, tmp_path, capsys):
+    folder, model, tokenizer = saved
+    (tmp_path / "s.txt").write_text(f"{SOURCE}\n{CORPUS[2]}\n", encoding="utf-8")
+    (tmp_path / "t.txt").write_text(f"{TARGET}\n{CORPUS[3]}\n", encoding="utf-8")
+    argv = ["--model_name_or_path", str(folder), "--source_file", str(tmp_path / "s.txt")]
+    with_targets = [*argv, "--target_file", str(tmp_path / "t.txt"), "--output", str(tmp_path / "out.align")]
+    # --threshold is a share of the attention mass: in (0, 1] (0 would align every pair); an argparse error otherwise.
+    for value in ("nan", "inf", "2", "-1", "0"):
+        with pytest.raises(SystemExit) as exit_info:
+            align_main([*with_targets, "--threshold", value])
+        assert exit_info.value.code == 2
+        assert f"argument --threshold: must be a number in (0, 1], got {value}" in capsys.readouterr().err
+    # 1 is kept: only a source word receiving all of the mass.
+    assert align_main([*with_targets, "--threshold", "1"]) == 0
+    expected = [pharaoh(sentence_alignments(attention_maps(model, tokenizer, s, t), threshold=1.0))
+                for s, t in ((SOURCE, TARGET), (CORPUS[2], CORPUS[3]))]  # fmt: skip
+    assert (tmp_path / "out.align").read_text(encoding="utf-8").split("\n") == [*expected, ""]
+    # Targets to align and a file for the model's own translations are one or the other.
+    with pytest.raises(SystemExit) as exit_info:
+        align_main([*with_targets, "--translations_file", str(tmp_path / "hyp.de")])
+    assert exit_info.value.code == 2
+    assert "give --target_file (the translations to align) or --translations_file" in capsys.readouterr().err
+    assert not (tmp_path / "hyp.de").exists()
+    # An output that cannot be written is named before the model is loaded (here: there is none to load).
+    missing_model = ["--model_name_or_path", str(tmp_path / "no_model"), *argv[2:]]
+    for option in ("--output", "--translations_file"):
+        outputs = {"--output": str(tmp_path / "a.align"), "--translations_file": str(tmp_path / "hyp.de"),
+                   option: str(tmp_path / "s.txt" / "out")}  # fmt: skip
+        assert align_main([*missing_model, *(x for item in outputs.items() for x in item)]) == 1
+        error = capsys.readouterr().err
+        assert f"error: {option} {tmp_path / 's.txt' / 'out'}: {tmp_path / 's.txt'} is a file, not a folder." in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.align", "s.txt", "t.txt"]

@@ -3,6 +3,7 @@ complete checkpoints, loadable and tied."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -247,6 +248,14 @@ def test_bad_inputs(tmp_path):
         average_checkpoints(run, num_last=0, output_dir=tmp_path / "avg")
     with pytest.raises(ValueError, match="is one of the checkpoints being averaged"):
         average_checkpoints(run, num_last=2, output_dir=run / "checkpoint-2")
+    # Nor the run directory itself, given as the run or through its checkpoints: the run's final model is there.
+    tiny_model(seed=7).save_pretrained(run)
+    final = (run / "model.safetensors").read_bytes()
+    for source in (run, [run / "checkpoint-1", run / "checkpoint-2"]):
+        with pytest.raises(ValueError, match=rf"output_dir {re.escape(str(run))} is the run directory holding the "
+                           rf"checkpoints being averaged .* such as {re.escape(str(run / 'averaged'))}"):  # fmt: skip
+            average_checkpoints(source, num_last=2, output_dir=run)
+    assert (run / "model.safetensors").read_bytes() == final and not (run / AVERAGING_RECORD_NAME).exists()
     # Checkpoints of different models cannot be averaged.
     write_checkpoint(tiny_model(d_model=32), tmp_path / "other" / "checkpoint-3")
     with pytest.raises(ValueError, match=r"Tensor .* is .* in .*checkpoint-1 but .* in .*checkpoint-3"):

@@ -10,6 +10,7 @@ import torch
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.flops import (
     PAPER_REPORTED_FLOPS,
+    main,
     model_flops_per_target_token,
     measure_matmul_peak,
     model_flops_utilization,
@@ -136,7 +137,7 @@ def test_wall_clock_hours_reproduce_the_papers_footnote():
         training_hours(1e18, 8, 1e14, 0.0)
 
 
-def test_flops_command_prints_both_tables_and_takes_its_options():
+def test_flops_command_prints_both_tables_and_takes_its_options(capsys):
     out = subprocess.run([sys.executable, "-m", "vaswani_transformer.flops", "--devices", "8", "--utilization", "0.5"],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert "| base | 100,000 |" in out and "50% model FLOPs utilisation" in out
@@ -145,6 +146,19 @@ def test_flops_command_prints_both_tables_and_takes_its_options():
     assert f"| P100 fp32 (the paper's figure) | 9.5 TFLOPS | {hours:,.2f} |" in out
     bad = subprocess.run([sys.executable, "-m", "vaswani_transformer.flops", "--device", "8"], capture_output=True, text=True)
     assert bad.returncode == 2 and "did you mean --devices" in bad.stderr
+    # Values out of range are refused while parsing: no half-printed table, no traceback (one real process, the
+    # other values through the same main in this process).
+    bad = subprocess.run([sys.executable, "-m", "vaswani_transformer.flops", "--utilization", "30"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr
+    assert "error: argument --utilization: must be a number in (0, 1], got 30" in bad.stderr
+    for option, value, message in (("--devices", "0", "must be >= 1, got 0"),
+                                   ("--utilization", "nan", "must be a number in (0, 1], got nan")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            main([option, value])
+        captured = capsys.readouterr()
+        assert exit_info.value.code == 2 and captured.out == ""
+        assert f"error: argument {option}: {message}" in captured.err
 
 
 @pytest.mark.parametrize("dtype", ["float32", torch.bfloat16])

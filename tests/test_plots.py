@@ -279,3 +279,24 @@ def test_cli_bad_input_is_one_clear_error(tmp_path, capsys):
         main(["encoding", "--d_model", "64"])
     assert "required: --output" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_cli_output_without_an_extension_gets_png_and_a_folder_is_refused(tmp_path, capsys):
+    """As matplotlib's savefig, a name without an extension is written with ".png", and the path printed is the
+    file written; a folder (existing, or named by a trailing "/") and an extension matplotlib cannot write are
+    refused before anything is drawn."""
+    args = ["encoding", "--d_model", "8", "--length", "4", "-o"]
+    assert main([*args, str(tmp_path / "encoding")]) == 0
+    assert capsys.readouterr().out == f"Wrote {tmp_path / 'encoding.png'}\n"
+    assert png_size(tmp_path / "encoding.png") == (1200, 500) and not (tmp_path / "encoding").exists()
+    (tmp_path / "pictures").mkdir()
+    refused = {tmp_path / "pictures": [f"--output {tmp_path / 'pictures'} is a folder, not a file."],
+               f"{tmp_path / 'pictures'}/": [f"names a folder; give a file name such as {tmp_path / 'pictures'}/"],
+               tmp_path / "plot.v2": ["matplotlib cannot write .v2 files; end the name in one of", ".pdf, ", ".png, ",
+                                      "(no extension: .png)"]}  # fmt: skip
+    for output, messages in refused.items():
+        assert main([*args, str(output)]) == 1
+        captured = capsys.readouterr()
+        assert all(message in captured.err for message in messages) and captured.out == "", captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["encoding.png", "pictures"]
+    assert not list((tmp_path / "pictures").iterdir())

@@ -787,7 +787,7 @@ def _write_pictures(maps: AttentionMaps, args: argparse.Namespace) -> list[str]:
 
 def align_main(argv=None) -> int:
     """`scripts/align.py`: exit status 0, or 1 with an error line for bad input."""
-    from .textio import read_lines, write_lines
+    from .textio import is_stdio, read_lines, write_lines
 
     parser = cli.ArgumentParser(description=ALIGN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_model_arguments(parser)
@@ -801,15 +801,20 @@ def align_main(argv=None) -> int:
     parser.add_argument("--method", choices=ALIGNMENT_METHODS, default="merge",
                         help="merge: words' attention merged, then argmax (default); subwords: subword argmax, "
                         "words aligned when any subwords are.")  # fmt: skip
-    parser.add_argument("--threshold", type=float, help="Align to every source word with at least this weight.")
+    parser.add_argument("--threshold", type=cli.fraction,
+                        help="Align to every source word with at least this weight, in (0, 1] (a share of the "
+                        "attention mass; 0 would align every pair).")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.target_file is not None and args.translations_file is not None:
+        parser.error("give --target_file (the translations to align) or --translations_file (where the model's own "
+                     "translations are written), not both.")  # fmt: skip
     try:
         if args.target_file is None and args.translations_file is None:
             raise ValueError("Give --target_file (the translations to align) or --translations_file (where the "
                              "model's own translations go: the alignments index their words).")  # fmt: skip
         for option, path in (("--output", args.output), ("--translations_file", args.translations_file)):
-            if path is not None and os.path.isdir(path):
-                raise ValueError(f"{option} {path} is a folder, not a file.")
+            if not is_stdio(path) and (problem := cli.output_path_problem(path, option)):
+                raise ValueError(problem)  # before the model is loaded and every sentence translated
         sources, source_name = read_lines(args.source_file)
         targets = None
         if args.target_file is not None:

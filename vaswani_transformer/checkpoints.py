@@ -352,7 +352,8 @@ def average_checkpoints(
     fewer valid checkpoints than `num_last` is a ValueError listing what was found and what was skipped. Floating
     tensors are averaged in float64 and cast back to their stored dtype; other tensors (integer buffers) must be
     identical in every checkpoint. The output also gets `averaged_checkpoints.json` recording the averaged and
-    skipped checkpoints.
+    skipped checkpoints. `output_dir` may be neither one of the checkpoints nor the folder holding them (where the
+    run saves its final model).
     """
     if num_last is not None and (not isinstance(num_last, int) or num_last < 1):
         raise ValueError(f"num_last must be a positive integer or None, got {num_last!r}.")
@@ -362,6 +363,10 @@ def average_checkpoints(
     candidates, run_dir = _candidates(run_dir_or_list)
     if any(os.path.realpath(output_dir) == os.path.realpath(c) for c in candidates):
         raise ValueError(f"output_dir {output_dir} is one of the checkpoints being averaged; choose another folder.")
+    if any(os.path.realpath(output_dir) == os.path.realpath(c.parent) for c in candidates):  # the run directory
+        raise ValueError(f"output_dir {output_dir} is the run directory holding the checkpoints being averaged (where "
+                         f"the run saves its final model, which the average would overwrite); choose another folder, "
+                         f"such as {candidates[-1].parent / 'averaged'}.")  # fmt: skip
 
     wanted = len(candidates) if num_last is None else num_last
     sums: dict[str, torch.Tensor] = {}

@@ -1,6 +1,6 @@
 """Shared command-line behaviour: options are spelled in full (no prefix abbreviations), an unknown option or
-recipe key gets a "did you mean" from the valid names, and an output path that cannot be written is named before any
-work (`output_path_problem`)."""
+recipe key gets a "did you mean" from the valid names, an output path that cannot be written is named before any
+work (`output_path_problem`), and numbers out of range are argparse errors (`positive_int`, `fraction`)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,22 @@ def output_path_problem(path: str | os.PathLike, option: str, directory: bool = 
     return None
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (a bad value is an argparse error, exit 2, before any work)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1] (0.3 for 30%; nan and inf are refused like any value outside)."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
+    return value
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` without prefix abbreviations (``--max_step`` is not ``--max_steps``) whose unknown
     options get a "did you mean" instead of the bare "unrecognized arguments"."""
@@ -83,4 +99,12 @@ class ArgumentParser(argparse.ArgumentParser):
         return namespace
 
 
-__all__ = ["ArgumentParser", "did_you_mean", "long_options", "output_path_problem", "unknown_arguments_message"]
+__all__ = [
+    "ArgumentParser",
+    "did_you_mean",
+    "fraction",
+    "long_options",
+    "output_path_problem",
+    "positive_int",
+    "unknown_arguments_message",
+]

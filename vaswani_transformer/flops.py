@@ -214,9 +214,12 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = cli.ArgumentParser(description="Training FLOPs of the paper's runs next to Table 2, and their "
                                 "wall-clock hours on a number of devices at a stated model FLOPs utilisation.")  # fmt: skip
-    parser.add_argument("--devices", type=int, default=8, help="devices training together (default 8, as the paper)")
-    parser.add_argument("--utilization", type=float, default=0.3,
-                        help="model FLOPs utilisation assumed for the hours (default 0.3, about the paper's runs)")  # fmt: skip
+    # Ranges checked while parsing (exit 2), so that a bad value prints nothing of the tables.
+    parser.add_argument("--devices", type=cli.positive_int, default=8,
+                        help="devices training together (default 8, as the paper)")  # fmt: skip
+    parser.add_argument("--utilization", type=cli.fraction, default=0.3,
+                        help="model FLOPs utilisation in (0, 1] assumed for the hours (default 0.3, about the paper's "
+                        "runs)")  # fmt: skip
     args = parser.parse_args(argv)
     print(f"Training FLOPs (forward + backward = 3x forward, 1 multiply-add = 2 FLOPs), vocabulary "
           f"{PAPER_VOCAB_SIZE:,}, {PAPER_TOKENS_PER_BATCH:,} target tokens per batch, "

@@ -46,9 +46,16 @@ def _pyplot():
     return plt
 
 
+def picture_path(output: PathLike) -> Path:
+    """The file matplotlib's ``savefig`` writes for ``output``: a name without an extension gets its default ".png"."""
+    output = Path(output)
+    return output if output.suffix else output.with_name(output.name + ".png")
+
+
 def _save(fig, output: PathLike) -> str:
-    """Write ``fig`` at :data:`DPI` (its exact size: no tight bounding box) and close it."""
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    """Write ``fig`` at :data:`DPI` (its exact size: no tight bounding box), close it and return the path written."""
+    output = picture_path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=DPI)
     _pyplot().close(fig)
     return str(output)
@@ -371,7 +378,8 @@ def plot_learning_curve(
 
 # ----------------------------------------------------------------------------------------------- command line
 
-CLI_DESCRIPTION = """Pictures of the model and of a training run (PNG; vaswani_transformer.plots).
+CLI_DESCRIPTION = """Pictures of the model and of a training run (vaswani_transformer.plots): PNG, or any format
+matplotlib writes (.pdf, .svg ...); a name without an extension gets .png.
 
     %(prog)s encoding --d_model 512 --length 100 --output encoding.png
     %(prog)s schedule configs/wmt14_en_de_base.yaml --output schedule.png     (a recipe, or a training output folder)
@@ -379,30 +387,43 @@ CLI_DESCRIPTION = """Pictures of the model and of a training run (PNG; vaswani_t
 """
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _output_problem(output: str) -> str | None:
+    """Why ``--output`` cannot take a picture, or None; checked before any drawing. A folder is refused (also one
+    named by a trailing separator), and so is an extension matplotlib cannot write; a name without one gets ".png"
+    (``picture_path``), and that file must be writable (``cli.output_path_problem``)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if output.endswith(("/", os.sep)):
+        return f"--output {output} names a folder; give a file name such as {Path(output) / 'picture.png'}."
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(output).suffix.lower().lstrip(".")
+    if suffix and suffix not in formats:
+        return (f"--output {output}: matplotlib cannot write .{suffix} files; end the name in one of "
+                f"{', '.join('.' + f for f in sorted(formats))} (no extension: .png).")  # fmt: skip
+    for path in dict.fromkeys((Path(output), picture_path(output))):  # the name given, the file written
+        if problem := cli.output_path_problem(path, "--output"):
+            return problem
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.ArgumentParser(description=CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="{encoding,schedule,curves}")
     encoding = commands.add_parser("encoding", help="the sinusoidal positional encoding and its position similarity")
-    encoding.add_argument("--d_model", "--d-model", type=_positive_int, default=512, help="Width (default 512).")
-    encoding.add_argument("--length", type=_positive_int, default=100, help="Positions (default 100).")
+    encoding.add_argument("--d_model", "--d-model", type=cli.positive_int, default=512, help="Width (default 512).")
+    encoding.add_argument("--length", type=cli.positive_int, default=100, help="Positions (default 100).")
     encoding.add_argument("--layout", choices=ENCODING_LAYOUTS, default="sinusoidal",
                           help="The config's position_encoding (default: sinusoidal, the paper's).")  # fmt: skip
     schedule = commands.add_parser("schedule", help="the learning-rate schedule of a recipe or a training run")
     schedule.add_argument("recipe_or_run", help="A recipe (configs/*.yaml) or a training output folder.")
-    schedule.add_argument("--max_steps", "--max-steps", type=_positive_int,
+    schedule.add_argument("--max_steps", "--max-steps", type=cli.positive_int,
                           help="Updates to plot (default: the recipe's or run's max_steps).")  # fmt: skip
     curves = commands.add_parser("curves", help="learning curves of a run against updates and wall time")
     curves.add_argument("run", help="A training output or checkpoint folder (or its trainer_state.json).")
     curves.add_argument("--title", help="Title (default: the run folder's name).")
     for sub in (encoding, schedule, curves):
-        sub.add_argument("--output", "-o", help="PNG file to write (required).")  # checked after unknown options
+        sub.add_argument("--output", "-o", help="Picture file to write (required; .png, or .pdf, .svg ...: "
+                         "matplotlib's formats; no extension: .png added).")  # checked after unknown options
         sub.set_defaults(command_parser=sub)
     return parser
 
@@ -415,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
         args.command_parser.error(cli.unknown_arguments_message(args.command_parser, extras))
     if args.output is None:
         args.command_parser.error("the following argument is required: --output/-o")
+    if problem := _output_problem(args.output):
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     try:
         if args.command == "encoding":
             written = plot_position_encoding(args.output, args.d_model, args.length, args.layout)
@@ -438,6 +462,7 @@ __all__ = [
     "learning_curve_by_time",
     "learning_rate_schedule",
     "main",
+    "picture_path",
     "plot_learning_curve",
     "plot_learning_rate_schedule",
     "plot_lr_schedule",

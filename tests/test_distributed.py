@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from test_training import tiny_args, write_fixture
 
 # Runs vaswani_transformer.train.run_from_args (what scripts/train.py runs) with a probe: a forward pre-hook records the
@@ -153,6 +154,44 @@ def test_two_processes_score_the_model_before_and_after_averaging(tmp_path):
     assert printed in result.stdout
     record = json.loads((out / "averaged" / "averaged_checkpoints.json").read_text())
     assert [Path(c).name for c in record["checkpoints"]] == ["checkpoint-2", "checkpoint-4"]
+
+
+@pytest.mark.slow
+def test_two_processes_evaluate_and_predict_each_sentence_once_as_one_process_does(tmp_path):
+    """Validation and test sets of 13 sentences in batches of 4 per process: accelerate fills the last batch of each
+    process with repeated sentences, which evaluation drops again. 2 processes write the same translations (each the
+    model's translation of that line alone), one per line in order, with the same BLEU and chrF as 1 process (before,
+    the file had 3 extra lines and the scores counted them)."""
+    from vaswani_transformer.train import run_from_args
+
+    model_dir = tmp_path / "model"
+    model, tokenizer = helpers.save_tiny_model(model_dir, seed=18, init_std=0.02, scale_embedding=True)
+    sources = helpers.SOURCES + helpers.CORPUS[:7]
+    alone = helpers.generate_one_by_one(model, tokenizer, sources)
+    references = [t if i % 2 == 0 else "x y z" for i, t in enumerate(alone)]  # scores between 0 and 100
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "set.src").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    (data / "set.tgt").write_text("".join(r + "\n" for r in references), encoding="utf-8")
+
+    def args(out: Path) -> list[str]:
+        return ["--model_name_or_path", str(model_dir), "--validation_file", str(data / "set"), "--test_file",
+                str(data / "set"), "--source_lang", "src", "--target_lang", "tgt", "--output_dir", str(out),
+                "--do_eval", "--do_predict", "--per_device_eval_batch_size", "4", "--use_cpu", "--report_to", "none",
+                "--disable_tqdm", "true"]  # fmt: skip
+
+    one = run_from_args(args(tmp_path / "one"))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
+    result = launch(TWO_CPU_PROCESSES, script, args(tmp_path / "two"), timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    two = json.loads((tmp_path / "two" / "training_summary.json").read_text())
+    written = {n: (tmp_path / n / "test_translations.txt").read_text(encoding="utf-8").split("\n")[:-1]
+               for n in ("one", "two")}  # fmt: skip
+    assert written["two"] == written["one"] == alone
+    assert 0 < one["test"]["test_tokenized_bleu"] < 100 and 0 < one["test"]["test_chrf"] < 100
+    for split in ("test", "eval"):  # (sacreBLEU is 0 here: the translations are one 13a token each)
+        for key in ("bleu", "tokenized_bleu", "chrf", "gen_len"):
+            assert two[split][f"{split}_{key}"] == pytest.approx(one[split][f"{split}_{key}"]), (split, key)
 
 
 # ------------------------------------------------------------------------------------------------------------ FSDP

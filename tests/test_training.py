@@ -2,6 +2,7 @@
 
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -420,10 +422,13 @@ def test_learning_rate_with_the_paper_schedule_is_an_error_naming_lr_factor(tmp_
     (["--lr_schedule", "hf", "--lr_factor", "0.45"],
      r"lr_factor=0.45 has no effect with lr_schedule=hf.*learning_rate \(now 5e-05\): set learning_rate"),
     (["--gradient_accumulation_steps", "4", "--tokens_per_update", "25000"], r"both set the accumulation"),
+    (["--dataloader_drop_last", "true"], r"dataloader_drop_last has no effect on training: .*token batches.*would "
+                                         r"only drop the last batch of the validation and test sets"),
 ])  # fmt: skip
 def test_training_arguments_that_would_be_ignored_are_errors_naming_what_to_set(tmp_path, flags, message):
     """Flags of transformers' Trainer that this training overrides (its schedule, its batch size and the search for one
-    that fits, which token batches replace, the accumulation tokens_per_update sets), and lr_factor beside
+    that fits, which token batches replace, the accumulation tokens_per_update sets, dropping a last partial batch,
+    which token batches never have and which would only drop evaluation sentences), and lr_factor beside
     transformers' schedules, are errors, not silently dropped; in their own setting they are taken."""
     with pytest.raises(ValueError, match=message):
         parse_arguments(["--output_dir", str(tmp_path), *flags])
@@ -433,6 +438,8 @@ def test_training_arguments_that_would_be_ignored_are_errors_naming_what_to_set(
     assert accumulation.gradient_accumulation_steps == 4
     assert parse_arguments(["--output_dir", str(tmp_path), "--auto_find_batch_size", "false"])[2].auto_find_batch_size \
         is False
+    assert parse_arguments(["--output_dir", str(tmp_path), "--dataloader_drop_last", "false"])[2] \
+        .dataloader_drop_last is False
     # lr_factor is refused with hf only when given: its default, and the hf recipes that leave it out, are fine
     recipe = tmp_path / "hf.yaml"
     recipe.write_text("output_dir: out\nlr_schedule: hf\nlearning_rate: 0.001\n")
@@ -507,10 +514,16 @@ def test_train_script_loss_falls_and_evaluates(tmp_path):
 
 def test_evaluation_sets_are_scored_whole_and_long_sources_truncated_with_a_warning(tmp_path, caplog):
     """The length and ratio filters drop training pairs only: every test pair is translated and scored; a source
-    longer than the model can take (12 learned positions) is cut to its first 12 tokens with a warning naming it."""
+    longer than the model can take (12 learned positions) is cut to its first 12 tokens with a warning naming it. A
+    longer reference is scored whole (chrF of the written translations against the test file's references, by
+    sacreBLEU itself), its loss over the first 12 tokens, with a warning naming it (before, the decoder stopped the job
+    after training)."""
+    import sacrebleu
+
     data = write_fixture(tmp_path / "data", n_train=200)
     test = [("ba", "BA"), ("da ge ki mo", "X"), ("nu pa", "PA NU")] * 2  # ratio and length: dropped if filtered
     test.insert(3, (" ".join(["ba", "ke", "mi", "po", "su"] * 8), "Y"))  # 40 words: longer than 12 positions
+    test.append(("nu pa", " ".join(["PA", "NU", "KE", "MI"] * 6)))  # a reference longer than 12 positions
     (data / "test.src").write_text("".join(s + "\n" for s, _ in test), encoding="utf-8")
     (data / "test.tgt").write_text("".join(t + "\n" for _, t in test), encoding="utf-8")
     out = tmp_path / "out"
@@ -521,7 +534,7 @@ def test_evaluation_sets_are_scored_whole_and_long_sources_truncated_with_a_warn
     ))  # fmt: skip
     splits = result["filtered"]["splits"]
     assert splits["train"]["kept"] < splits["train"]["total"]  # the training filters did drop pairs
-    assert splits["test"]["total"] == splits["test"]["kept"] == 7  # nothing dropped, for any rule
+    assert splits["test"]["total"] == splits["test"]["kept"] == 8  # nothing dropped, for any rule
     assert not any(count for rule, count in splits["test"].items() if rule not in ("total", "kept"))
     assert splits["validation"]["kept"] == splits["validation"]["total"] == 12
     hypotheses = (out / "test_translations.txt").read_text(encoding="utf-8").split("\n")[:-1]
@@ -529,6 +542,12 @@ def test_evaluation_sets_are_scored_whole_and_long_sources_truncated_with_a_warn
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "the source has" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith(f"{data / 'test'}:4: the source has ")
     assert "scoring its first 12 tokens" in warned[0]
+    references = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{data / 'test'}:")
+                  and "the reference has" in r.getMessage()]  # fmt: skip
+    assert len(references) == 1 and references[0].startswith(f"{data / 'test'}:8: the reference has ")
+    assert "BLEU scores it whole, the loss counts its first 12 tokens" in references[0]
+    assert result["test"]["test_chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [[t for _, t in test]]).score)
+    assert math.isfinite(result["test"]["test_loss"])
 
 
 class _RecordModel(TrainerCallback):
@@ -1006,6 +1025,29 @@ def test_length_penalty_chosen_on_validation_set(tmp_path):
     assert 0.0 < record["validation_bleu"][0.0] < 100.0  # sacreBLEU 47.9: alpha made a measurable difference
 
 
+def test_evaluation_and_test_sets_keep_their_order_whatever_the_sampling_strategy(tmp_path):
+    """`predict` with train_sampling_strategy group_by_length (with token batches, what training does anyway): the
+    predictions follow the dataset's rows, each the model's translation of that sentence alone (transformers would read
+    the set through a shuffled LengthGroupedSampler)."""
+    from datasets import Dataset
+
+    from vaswani_transformer.data import TranslationDataCollator
+
+    tokenizer = helpers.tiny_tokenizer()
+    model = helpers.tiny_translation_model(tokenizer, seed=12, init_std=0.02, scale_embedding=True)
+    model.generation_config.max_len_a, model.generation_config.max_len_b = 0, 10
+    ids = [tokenizer(s).input_ids for s in helpers.SOURCES]
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", disable_tqdm=True,
+                                    per_device_eval_batch_size=2, train_sampling_strategy="group_by_length")
+    trainer = VaswaniSeq2SeqTrainer(model=model, args=args, data_collator=TranslationDataCollator(tokenizer),
+                                    processing_class=tokenizer)  # fmt: skip
+    output = trainer.predict(Dataset.from_dict({"input_ids": ids, "labels": ids}))
+    predictions = np.where(output.predictions < 0, tokenizer.pad_token_id, output.predictions)
+    alone = helpers.generate_one_by_one(model, tokenizer, helpers.SOURCES)
+    assert len(set(alone)) == len(alone)  # the fixture: every sentence has its own translation
+    assert tokenizer.batch_decode(predictions, skip_special_tokens=True) == alone
+
+
 def test_choose_length_penalty_rule():
     """The best score wins; on a tie the first value listed (the paper's 0.6 first keeps it); each value is scored
     once; no values is an error."""
@@ -1043,6 +1085,25 @@ def test_length_penalty_grid_in_a_training_run(tmp_path):
     with pytest.raises(ValueError, match="length_penalty_grid=\\[1.0\\] chooses alpha by validation BLEU"):
         run_from_args(no_validation)
     assert not (tmp_path / "out2").exists() or not list((tmp_path / "out2").glob("checkpoint-*"))
+
+
+def test_do_eval_and_do_predict_without_their_set_are_errors_before_any_work(tmp_path):
+    """--do_eval without a validation set (also when --eval_strategy sets it) and --do_predict without a test set are
+    errors naming the missing file flag, before a tokenizer is trained or an update made (before, they were skipped
+    silently)."""
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out = tmp_path / "out"
+    without_validation = [a for a in tiny_args(data, out, "--max_steps", "2")
+                          if a not in ("--validation_file", str(data / "valid"))]  # fmt: skip
+    for flags, message in (
+        (["--do_eval"], "--do_eval scores the validation set, but there is none: give --validation_file"),
+        (["--eval_strategy", "steps"], r"--do_eval \(set by --eval_strategy steps\) scores the validation set"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            run_from_args(without_validation + flags)
+    with pytest.raises(ValueError, match="--do_predict scores the test set, but there is none: give --test_file"):
+        run_from_args(tiny_args(data, out, "--max_steps", "2", "--do_predict"))
+    assert not (out / "tokenizer").exists() and not list(out.glob("checkpoint-*"))
 
 
 def test_evaluating_during_training_leaves_the_training_unchanged(tmp_path):
@@ -1084,6 +1145,50 @@ def test_averaging_reports_the_validation_score_before_it(tmp_path, caplog, caps
                          f"{final_loss:.4g} before averaging") == 2
     warned = [r.getMessage() for r in caplog.records if "made the validation loss worse" in r.getMessage()]
     assert len(warned) == 2 and warned[0].startswith("Averaging the last 3 checkpoints made the validation loss worse")
+
+
+def test_averaging_is_compared_at_one_decoding_and_each_folder_describes_its_own_model(tmp_path, capsys):
+    """Averaging, a length penalty grid, do_eval and do_predict. The validation references are the starting model's own
+    beam-4 translations with alpha 3, which alpha 0.6 changes for 2 of the 6 sentences; training barely moves the
+    weights (lr_factor 1e-6), so alpha 3 scores 100. The scores before and after averaging are both decoded with the
+    default alpha 0.6, below 100 (each records its alpha; before, the averaged one was the grid's 100); the grid's
+    alpha applies after, to the tested score. The averaged/ folder (alpha 3) holds the test results, translations and
+    a card with them; the run folder (final weights, alpha 0.6) holds the score before averaging and a card without a
+    test score (before, it showed the averaged model's)."""
+    model_dir, out = tmp_path / "model", tmp_path / "out"
+    model, tokenizer = helpers.save_tiny_model(model_dir, seed=22, init_std=0.02, scale_embedding=True)
+    references = helpers.generate_texts(model, tokenizer, helpers.SOURCES, length_penalty=3.0)
+    assert sum(a != b for a, b in zip(references, helpers.generate_texts(model, tokenizer, helpers.SOURCES))) == 2
+    data = write_fixture(tmp_path / "data", n_train=60)
+    (data / "valid.src").write_text("".join(s + "\n" for s in helpers.SOURCES), encoding="utf-8")
+    (data / "valid.tgt").write_text("".join(r + "\n" for r in references), encoding="utf-8")
+    args = tiny_args(data, out, "--model_name_or_path", str(model_dir), "--lr_factor", "1e-6", "--max_steps", "4",
+                     "--save_steps", "2", "--average_last_checkpoints", "2", "--length_penalty_grid", "0.6", "3.0",
+                     "--do_eval", "--do_predict", "--test_file", str(data / "valid"))  # fmt: skip
+    result = run_from_args([a for a in args if a not in ("--config_overrides", TINY_MODEL)])
+    before, after, tested = (result[k] for k in ("eval_before_averaging", "eval_averaged", "eval"))
+    grid = result["length_penalty"]
+    assert before["eval_length_penalty"] == after["eval_length_penalty"] == grid["default"] == 0.6
+    assert tested["eval_length_penalty"] == grid["chosen"] == 3.0
+    assert before["eval_bleu"] == pytest.approx(after["eval_bleu"]) == pytest.approx(grid["validation_bleu"][0.6])
+    assert after["eval_bleu"] < 99 and tested["eval_bleu"] == pytest.approx(100.0)
+    assert (f"Validation BLEU: {after['eval_bleu']:.4g} averaged (last 2 checkpoints), {before['eval_bleu']:.4g} "
+            "before averaging, both decoded with length penalty 0.6") in capsys.readouterr().out
+    # each folder: its weights' decoding, results and card
+    averaged = out / "averaged"
+    assert json.loads((out / "generation_config.json").read_text())["length_penalty"] == 0.6
+    assert json.loads((averaged / "generation_config.json").read_text())["length_penalty"] == 3.0
+    assert json.loads((averaged / "test_results.json").read_text()) == pytest.approx(result["test"])
+    assert json.loads((averaged / "eval_results.json").read_text()) == pytest.approx(tested)
+    assert json.loads((out / "eval_results.json").read_text()) == pytest.approx(before)
+    assert not (out / "test_results.json").exists() and not (out / "test_translations.txt").exists()
+    assert (averaged / "test_translations.txt").read_text(encoding="utf-8").split("\n")[:-1] == references
+    cards = {folder: (folder / "README.md").read_text(encoding="utf-8") for folder in (out, averaged)}
+    assert "| test split | sacreBLEU | 100.00 |" in cards[averaged]
+    assert "| validation split | sacreBLEU | 100.00 |" in cards[averaged]
+    assert "| checkpoints averaged | 2 |" in cards[averaged]
+    assert "test split" not in cards[out]
+    assert f"| validation split | sacreBLEU | {before['eval_bleu']:.2f} |" in cards[out]
 
 
 def test_averaging_with_a_kept_best_checkpoint_needs_room_for_the_last_n(tmp_path):

@@ -7,12 +7,17 @@ flag or recipe key wins (:func:`given_arguments` tells which the user gave). The
 recipe (:func:`load_recipe`); flags after it override its values.
 
 Data: the length and ratio filters apply to the training split only; validation and test sets are scored whole (a
-source longer than a learned-position model takes is truncated with a warning naming it, as translate does).
+source longer than a learned-position model takes is truncated with a warning naming it, as translate does; a
+reference longer than that is scored whole by BLEU, its loss over the first tokens, with a warning naming it).
+``--do_eval`` / ``--do_predict`` without a validation / test set are errors before any work.
 
 Checkpoints: ``resume_from_checkpoint="latest"`` resumes from the newest *complete* checkpoint
 (:mod:`vaswani_transformer.checkpoints`, the rule averaging uses too); ``average_last_checkpoints`` averages the
 last ones at the end and evaluates the averaged model; with ``do_eval`` it prints the validation score before and
-after averaging (``eval_before_averaging`` in the results) and warns when averaging made it worse.
+after averaging, both decoded alike (``eval_before_averaging`` and ``eval_averaged`` in the results, each with its
+``eval_length_penalty``; ``length_penalty_grid`` changes alpha only after), and warns when averaging made it worse.
+The averaged model, in ``averaged/``, gets its own model card and results files (test and validation scores, test
+translations); the run folder's card and results describe its own (final) weights.
 
 :func:`run_training` is the whole job (data, tokenizer, model, training, checkpoint averaging, test BLEU, example
 translations, summary); :func:`main` parses the command line for it.
@@ -43,11 +48,13 @@ from transformers import (
     set_seed,
 )
 
+from .card import trainer_metric_reports, training_info_from_run, training_info_from_trainer
 from .checkpoints import NOT_RESUMING, average_last_checkpoints, find_checkpoints, resolve_resume_checkpoint
 from .cli import did_you_mean, output_path_problem, unknown_arguments_message
 from .configuration_vaswani_transformer import VaswaniTransformerConfig, preset_training_arguments
 from .data import (
     SOURCE_LENGTH_COLUMN,
+    TARGET_LENGTH_COLUMN,
     TranslationDataCollator,
     iter_parallel_texts,
     load_parallel_dataset,
@@ -55,6 +62,7 @@ from .data import (
 )
 from .evaluation import make_compute_metrics
 from .flops import run_training_cost
+from .hub import write_repository_extras
 from .pipeline import source_length_limit, truncate_source
 from .synthetic import TASK_LANGUAGES, write_synthetic_task
 from .textio import write_lines
@@ -335,6 +343,12 @@ def check_arguments_take_effect(given: dict[str, Any], data_args, training_args)
             f"training batches are token batches of max_tokens_per_batch tokens per side and device (now "
             f"{data_args.max_tokens_per_batch}); set a max_tokens_per_batch that fits instead."
         )
+    if given.get("dataloader_drop_last"):
+        raise ValueError(
+            "dataloader_drop_last has no effect on training: training batches are token batches of "
+            f"max_tokens_per_batch tokens per side and device (now {data_args.max_tokens_per_batch}); it would only "
+            "drop the last batch of the validation and test sets, which are scored whole. Leave it out."
+        )
     if "gradient_accumulation_steps" in given and data_args.tokens_per_update is not None:
         raise ValueError(
             f"gradient_accumulation_steps={given['gradient_accumulation_steps']} and tokens_per_update="
@@ -568,7 +582,8 @@ def _load_model(model_args, tokenizer, attention: str | None = None):
 def truncate_long_sources(dataset, limit: int | None, eos_token_id: int | None, where: str, warn: bool = True):
     """An evaluation split whose sources longer than ``limit`` tokens (what the model can take) are cut as translate
     cuts them (``pipeline.truncate_source``, keeping ``</s>``), with a warning naming each pair (``where:N``, N the
-    pair's line in a text file)."""
+    pair's line in a text file). A reference longer than ``limit`` is kept whole, for BLEU, with a warning: the
+    validation loss counts its first ``limit`` tokens (``VaswaniSeq2SeqTrainer.compute_loss``)."""
     if limit is None:
         return dataset
     lengths = dataset[SOURCE_LENGTH_COLUMN]
@@ -576,6 +591,10 @@ def truncate_long_sources(dataset, limit: int | None, eos_token_id: int | None, 
     for i in sorted(long) if warn else ():
         logger.warning("%s:%d: the source has %d tokens, more than the model's limit of %d; scoring its first %d "
                        "tokens.", where, i + 1, lengths[i], limit, limit)
+    for i, n in enumerate(dataset[TARGET_LENGTH_COLUMN]) if warn else ():
+        if n > limit:
+            logger.warning("%s:%d: the reference has %d tokens, more than the model's limit of %d; BLEU scores it "
+                           "whole, the loss counts its first %d tokens.", where, i + 1, n, limit, limit)
     if not long:
         return dataset
 
@@ -593,7 +612,7 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
     """The whole job: data -> tokenizer -> model -> train -> (average) -> test BLEU -> examples -> summary.
 
     Returns a dict with ``summary``, ``eval`` and ``test`` metrics (of the averaged model when averaging; then also
-    ``eval_before_averaging``) and ``examples``; also written to
+    ``eval_before_averaging`` and ``eval_averaged``, decoded with the same alpha) and ``examples``; also written to
     ``output_dir/training_summary.json`` by the main process.
     """
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO
@@ -624,6 +643,13 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
             f"length_penalty_grid={data_args.length_penalty_grid} chooses alpha by validation BLEU: it needs a "
             "validation set (--validation_file, or a dataset with a validation split) and predict_with_generate."
         )
+    needed = {"do_eval": ("validation", "--validation_file"), "do_predict": ("test", "--test_file")}
+    for flag, (split, file_flag) in needed.items():  # before any work: else they were skipped silently
+        if getattr(training_args, flag) and split not in raw:
+            strategy = training_args.eval_strategy
+            by = f" (set by --eval_strategy {strategy.value})" if flag == "do_eval" and strategy != "no" else ""
+            raise ValueError(f"--{flag}{by} scores the {split} set, but there is none: give {file_flag} (or a dataset "
+                             f"with a {split} split), or leave --{flag} out.")
     tokenizer = _load_tokenizer(model_args, data_args, training_args, raw)
     model = _load_model(model_args, tokenizer, training_attention(model_args, training_args))
     check_tokenizer_matches_config(tokenizer, model.config)  # before any training
@@ -682,7 +708,8 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
     tested_dir = training_args.output_dir  # the folder of the model the test set scores
     compare_average = data_args.average_last_checkpoints > 0 and training_args.do_eval and "validation" in tokenized
     if compare_average:  # the model before averaging, on the validation set: averaging a short run can cost BLEU
-        result["eval_before_averaging"] = _final_step_eval(trainer) or trainer.evaluate(metric_key_prefix="eval")
+        before = _final_step_eval(trainer) or trainer.evaluate(metric_key_prefix="eval")
+        result["eval_before_averaging"] = _with_length_penalty(before, trainer)
     if data_args.average_last_checkpoints > 0:
         if trainer.is_world_process_zero():
             result["averaged_model"] = average_last_checkpoints(training_args.output_dir,
@@ -693,6 +720,11 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
             averaged_model = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)
             trainer.model = trainer.model_wrapped = averaged_model.to(trainer.args.device)
             tested_dir = averaged_dir
+    if compare_average:  # the averaged model decoded as the one before it, before the grid changes alpha
+        result["eval_averaged"] = _with_length_penalty(trainer.evaluate(metric_key_prefix="eval"), trainer)
+        if trainer.is_world_process_zero():
+            _report_averaging(result["eval_before_averaging"], result["eval_averaged"],
+                              data_args.average_last_checkpoints)
     if data_args.length_penalty_grid:
         record = trainer.choose_length_penalty(tokenized["validation"], data_args.length_penalty_grid)
         result["length_penalty"] = record
@@ -702,15 +734,13 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
             scores = ", ".join(f"{a:g}: {b:.2f}" for a, b in record["validation_bleu"].items())
             print(f"Length penalty chosen on the validation set: {record['chosen']:g} (validation sacreBLEU {scores})",
                   flush=True)
-    if training_args.do_eval and "validation" in tokenized:
-        result["eval"] = trainer.evaluate(metric_key_prefix="eval")
-        if compare_average and trainer.is_world_process_zero():
-            _report_averaging(result["eval_before_averaging"], result["eval"], data_args.average_last_checkpoints)
+    if training_args.do_eval and "validation" in tokenized:  # the tested model, as tested (the grid's alpha)
+        result["eval"] = result["eval_averaged"] if compare_average and not data_args.length_penalty_grid else \
+            _with_length_penalty(trainer.evaluate(metric_key_prefix="eval"), trainer)
     if training_args.do_predict and "test" in tokenized:
         output = trainer.predict(tokenized["test"], metric_key_prefix="test")
         result["test"] = output.metrics
         trainer.log_metrics("test", output.metrics)
-        trainer.save_metrics("test", output.metrics)
         if trainer.is_world_process_zero() and training_args.predict_with_generate:
             preds = np.where(output.predictions < 0, tokenizer.pad_token_id, output.predictions)
             hyps = tokenizer.batch_decode(preds, skip_special_tokens=True)
@@ -720,7 +750,7 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                 {"source": p[data_args.source_lang], "reference": p[data_args.target_lang], "hypothesis": h}
                 for p, h in zip(pairs, hyps[:n])
             ]
-            write_lines(hyps, Path(training_args.output_dir, "test_translations.txt"))
+            write_lines(hyps, Path(tested_dir, "test_translations.txt"))
             print(f"Test BLEU {output.metrics.get('test_bleu', float('nan')):.2f}; examples:", flush=True)
             for ex in result["examples"]:
                 print(f"  src: {ex['source']}\n  ref: {ex['reference']}\n  hyp: {ex['hypothesis']}\n", flush=True)
@@ -728,8 +758,19 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
         os.makedirs(training_args.output_dir, exist_ok=True)
         # The summary first: the card reads this run's figures (tokens, training FLOPs) from it.
         Path(training_args.output_dir, SUMMARY_NAME).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        # Each folder's results (and card) describe its own weights and decoding: the tested model's in tested_dir
+        # (averaged/ when averaging), the final weights' validation score before averaging in output_dir.
+        folders = {tested_dir: {"test": result.get("test"), "eval": result.get("eval")}}
+        if tested_dir != training_args.output_dir:
+            folders[training_args.output_dir] = {"eval": result.get("eval_before_averaging")}
+        for folder, metrics in folders.items():
+            for prefix, values in metrics.items():
+                if values is not None:
+                    _save_metrics(trainer, folder, prefix, values)
         if training_args.do_train:
             trainer.create_model_card(language=[data_args.source_lang, data_args.target_lang])
+            if tested_dir != training_args.output_dir:
+                _write_averaged_model_card(trainer, tested_dir, data_args)
     return result
 
 
@@ -756,13 +797,45 @@ def _final_step_eval(trainer) -> dict[str, float] | None:
     return {k: v for k, v in logged[-1].items() if k.startswith("eval_")} if logged else None
 
 
+def _with_length_penalty(metrics: dict[str, float], trainer) -> dict[str, float]:
+    """``metrics`` of a validation run plus ``eval_length_penalty``, the alpha its translations were decoded with (the
+    model's generation config); as they are when the run does not decode."""
+    if not trainer.args.predict_with_generate:
+        return metrics
+    alpha = trainer.accelerator.unwrap_model(trainer.model).generation_config.length_penalty
+    return {**metrics, "eval_length_penalty": alpha}
+
+
+def _save_metrics(trainer, folder: str, prefix: str, metrics: dict[str, float]) -> None:
+    """``<prefix>_results.json`` in ``folder``, as ``Trainer.save_metrics`` writes it in ``output_dir`` (there it also
+    updates ``all_results.json``); the model card of the folder reads it (``card.trainer_metric_reports``)."""
+    if os.path.abspath(folder) == os.path.abspath(trainer.args.output_dir):
+        trainer.save_metrics(prefix, metrics)
+    else:
+        Path(folder, f"{prefix}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True) + "\n")
+
+
+def _write_averaged_model_card(trainer, folder: str, data_args) -> None:
+    """The averaged model's card in ``folder`` (``hub.write_repository_extras``, as the run folder's): its own scores
+    (the results files there), the run's recipe and totals plus the number of checkpoints averaged, and the run's
+    learning curve."""
+    run_dir = trainer.args.output_dir
+    info = {**training_info_from_run(run_dir), **training_info_from_trainer(trainer),
+            "average_last_checkpoints": data_args.average_last_checkpoints}  # fmt: skip
+    write_repository_extras(folder, info, trainer_metric_reports(folder), source_lang=data_args.source_lang,
+                            target_lang=data_args.target_lang, training_run=run_dir)  # fmt: skip
+
+
 def _report_averaging(before: dict[str, float], averaged: dict[str, float], num_last: int) -> None:
-    """Print the validation score before and after averaging; warn when averaging made it worse (BLEU where the run
-    decodes, else the loss): a run whose last checkpoints still differ much (a short run) can lose several BLEU."""
+    """Print the validation score before and after averaging (BLEU of the same decoding: the alpha is printed); warn
+    when averaging made it worse (BLEU where the run decodes, else the loss): a run whose last checkpoints still differ
+    much (a short run) can lose several BLEU."""
     bleu = "eval_bleu" in before and "eval_bleu" in averaged
     key, name = ("eval_bleu", "BLEU") if bleu else ("eval_loss", "loss")
+    alpha = before.get("eval_length_penalty")
+    decoded = f", both decoded with length penalty {alpha:g}" if bleu and alpha is not None else ""
     print(f"Validation {name}: {averaged[key]:.4g} averaged (last {num_last} checkpoints), {before[key]:.4g} before "
-          "averaging", flush=True)
+          f"averaging{decoded}", flush=True)
     if (averaged[key] < before[key]) if bleu else (averaged[key] > before[key]):
         logger.warning(
             "Averaging the last %d checkpoints made the validation %s worse (%.4g -> %.4g); the averaged model is "

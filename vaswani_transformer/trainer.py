@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import logging
 import os
 import re
@@ -50,10 +51,10 @@ from typing import Any
 
 import torch
 from accelerate.utils.operations import ConvertOutputsToFp32
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, SequentialSampler
 from transformers import Seq2SeqTrainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy, has_length
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .checkpoints import find_last_complete_checkpoint
@@ -584,6 +585,24 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             shard.num_processes, shard.process_index = 1, 0
         return loader
 
+    def _get_eval_sampler(self, eval_dataset):
+        """Validation and test sets in their own order, whatever ``train_sampling_strategy``: with group_by_length
+        transformers would read them through a shuffled ``LengthGroupedSampler``, and the written translations and
+        examples would not follow the test file's lines. (Several processes each get a share of this order, which
+        :meth:`evaluation_loop` puts back together.)"""
+        return SequentialSampler(eval_dataset) if eval_dataset is not None and has_length(eval_dataset) else None
+
+    def evaluation_loop(self, *args, **kwargs):
+        """transformers' loop, gathering across processes with ``gather_for_metrics``: `Seq2SeqTrainer`'s evaluate and
+        predict set a plain ``gather``, which keeps the sentences accelerate repeats to fill the last batch of every
+        process, so that with several processes the predictions gained lines and BLEU counted sentences twice.
+        (transformers' reason, several hypotheses per sentence with ``num_return_sequences``, is not translation
+        scored against one reference per sentence.)"""
+        self.gather_function = functools.partial(
+            self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
+        )
+        return super().evaluation_loop(*args, **kwargs)
+
     # -- loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Label-smoothed cross-entropy (:func:`label_smoothed_cross_entropy`), for every eps.
@@ -601,12 +620,15 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         epsilon = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
         inputs = dict(inputs)
         labels = inputs.pop("labels")
+        unwrapped = self.accelerator.unwrap_model(model)
+        if not model.training and getattr(unwrapped.config, "position_encoding", None) == "learned":
+            # A reference longer than the learned positions (evaluation only: training filters such pairs): the loss
+            # counts the tokens the decoder has positions for; BLEU scores it whole (prediction_step returns it whole).
+            labels = labels[:, : unwrapped.config.max_position_embeddings]
         if "decoder_input_ids" not in inputs:
-            inputs["decoder_input_ids"] = self.accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(
-                labels
-            )
+            inputs["decoder_input_ids"] = unwrapped.prepare_decoder_input_ids_from_labels(labels)
         # in training, bf16 logits straight to the loss (outputs_in_compute_dtype)
-        with outputs_in_compute_dtype(self.accelerator.unwrap_model(model)) if model.training else nullcontext():
+        with outputs_in_compute_dtype(unwrapped) if model.training else nullcontext():
             outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         labels = labels.to(logits.device)

@@ -172,6 +172,11 @@ def test_card_names_the_decoding_of_an_evaluate_model_report(saved):
         text = eval_results_for_card([report], "en", "de")[2]
         assert f"num_beams={beams}," in text and f"length_penalty={config.length_penalty}," in text, text
         assert f"max_len_a={config.max_len_a}," in text and "None" not in text, text
+        assert "length_penalty_type=gnmt," in text and "beam_search_rules=t2t," in text, text
+    # any decoding field the evaluation passed (vaswani-evaluate --decoding length_penalty_type=transformers)
+    report = evaluate_model(model, SOURCES[:2], REFERENCES[:2], tokenizer=tokenizer, source_lang="en",
+                            target_lang="de", decoding={"length_penalty_type": "transformers"})  # fmt: skip
+    assert "length_penalty_type=transformers," in eval_results_for_card([report], "en", "de")[2]
 
 
 def test_trainer_runs_get_the_same_repository(tmp_path, saved):

@@ -237,9 +237,9 @@ def eval_results_for_card(reports: Sequence[dict], source_lang: str | None, targ
         fields = decoding.get("generation_config", decoding) if isinstance(decoding, Mapping) else {}
         shown = {k: fields[k] for k in PAPER_GENERATION_DEFAULTS if k != "early_stopping" and k in fields}
         if isinstance(decoding, Mapping):
-            # translate_lines' arguments; None keeps the model's generation config (shown above)
-            explicit = ("num_beams", "length_penalty", "max_len_a", "max_len_b")
-            shown.update({k: decoding[k] for k in explicit if decoding.get(k) is not None})
+            # what the evaluation passed (translate_lines' arguments, --decoding); None keeps the model's config
+            passed = {k: v for k, v in decoding.items() if k in PAPER_GENERATION_DEFAULTS and v is not None}
+            shown.update({k: v for k, v in passed.items() if k != "early_stopping"})
         if shown:
             decodings.append(", ".join(f"{k}={_format_value(v)}" for k, v in shown.items()))
     decoding_text = "; ".join(dict.fromkeys(decodings)) if decodings else None

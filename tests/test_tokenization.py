@@ -196,3 +196,8 @@ def test_cli_trains_from_files_and_from_parallel_data(tmp_path):
     assert result.returncode == 2
     assert "short.en has 1 lines" in result.stderr and "short.de has 2 lines" in result.stderr
     assert "Traceback" not in result.stderr
+
+    # an output folder that is a file: named before training (save_pretrained would only log it, saving nothing)
+    result = _run_cli("--files", "train.en", "--vocab-size", "400", "--output-dir", "short.de", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip() == "error: --output_dir short.de is a file, not a folder."
+    assert "Saved" not in result.stdout and (tmp_path / "short.de").read_text(encoding="utf-8") == "eins\nzwei\n"

@@ -342,6 +342,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.files and not args.dataset_name and not args.train_file:
         parser.error("give --files, --dataset_name or --train_file")
+    if problem := cli.output_path_problem(args.output_dir, "--output_dir", directory=True):
+        print(f"error: {problem}", file=sys.stderr)  # before training: save_pretrained only logs it
+        return 2
     try:
         tokenizer = _train_from_args(args, parser)
     except (ValueError, FileNotFoundError) as err:  # bad input: a clear message, no traceback

@@ -261,6 +261,10 @@ def test_export_script(trained, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(command[2:-1] + ["int3"])
     assert exit_info.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
+    for bad in ("0", "-5"):  # 0 became the default table silently, -5 a numpy error
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command[2:-2], "--max_positions", bad, "--force"])
+        assert exit_info.value.code == 2 and f"--max-positions: must be >= 1, got {bad}" in capsys.readouterr().err
 
 
 def test_translate_cli_engine_ctranslate2(trained, tmp_path):

@@ -388,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
                         help="weight type of the export (default: as saved, float32)")  # fmt: skip
     parser.add_argument("--revision", default=None, help="Hub revision of --model")
-    parser.add_argument("--max_positions", "--max-positions", type=int, default=None,
+    parser.add_argument("--max_positions", "--max-positions", type=cli.positive_int, default=None,
                         help="rows of the exported position table (default: max_position_embeddings)")  # fmt: skip
     parser.add_argument("--force", action="store_true", help="overwrite --output_dir if it exists")
     args = parser.parse_args(argv)

@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.checkpoints import find_last_complete_checkpoint
+from vaswani_transformer.hub import export_repository
 from vaswani_transformer.train import (
     VaswaniTrainingArguments,
     load_recipe,
@@ -1154,7 +1155,9 @@ def test_averaging_is_compared_at_one_decoding_and_each_folder_describes_its_own
     default alpha 0.6, below 100 (each records its alpha; before, the averaged one was the grid's 100); the grid's
     alpha applies after, to the tested score. The averaged/ folder (alpha 3) holds the test results, translations and
     a card with them; the run folder (final weights, alpha 0.6) holds the score before averaging and a card without a
-    test score (before, it showed the averaged model's)."""
+    test score (before, it showed the averaged model's). Three checkpoints are asked for and two exist: the print and
+    the card say 2 (before, 3). vaswani-push's export of either folder carries the same scores and recipe as the
+    folder's own card (before: no scores, no tokens per batch, no averaging)."""
     model_dir, out = tmp_path / "model", tmp_path / "out"
     model, tokenizer = helpers.save_tiny_model(model_dir, seed=22, init_std=0.02, scale_embedding=True)
     references = helpers.generate_texts(model, tokenizer, helpers.SOURCES, length_penalty=3.0)
@@ -1163,7 +1166,7 @@ def test_averaging_is_compared_at_one_decoding_and_each_folder_describes_its_own
     (data / "valid.src").write_text("".join(s + "\n" for s in helpers.SOURCES), encoding="utf-8")
     (data / "valid.tgt").write_text("".join(r + "\n" for r in references), encoding="utf-8")
     args = tiny_args(data, out, "--model_name_or_path", str(model_dir), "--lr_factor", "1e-6", "--max_steps", "4",
-                     "--save_steps", "2", "--average_last_checkpoints", "2", "--length_penalty_grid", "0.6", "3.0",
+                     "--save_steps", "2", "--average_last_checkpoints", "3", "--length_penalty_grid", "0.6", "3.0",
                      "--do_eval", "--do_predict", "--test_file", str(data / "valid"))  # fmt: skip
     result = run_from_args([a for a in args if a not in ("--config_overrides", TINY_MODEL)])
     before, after, tested = (result[k] for k in ("eval_before_averaging", "eval_averaged", "eval"))
@@ -1189,6 +1192,16 @@ def test_averaging_is_compared_at_one_decoding_and_each_folder_describes_its_own
     assert "| checkpoints averaged | 2 |" in cards[averaged]
     assert "test split" not in cards[out]
     assert f"| validation split | sacreBLEU | {before['eval_bleu']:.2f} |" in cards[out]
+    assert "| tokens per batch per process (each side) | 160 |" in cards[out]
+
+    def score_and_recipe_rows(card: str) -> list[str]:
+        return [line for line in card.split("\n") if line.startswith(("| test split", "| validation split"))] + \
+            card.split("\n## Training\n")[1].split("\n## ")[0].split("\n")
+
+    for folder in (out, averaged):
+        exported = export_repository(folder, tmp_path / f"export-{folder.name}")
+        assert score_and_recipe_rows((exported / "README.md").read_text(encoding="utf-8")) == \
+            score_and_recipe_rows(cards[folder])
 
 
 def test_averaging_with_a_kept_best_checkpoint_needs_room_for_the_last_n(tmp_path):

@@ -3,7 +3,8 @@
 - `render_model_card(folder, training_info=..., eval_results=...)`: a huggingface_hub `ModelCard` rendered from
   `vaswani_transformer/model_cards/vaswani_transformer.md` (package data): language pair, preset and parameter count,
   the training recipe, sacreBLEU/chrF/tokenized BLEU as `model-index` results, usage, limitations.
-- `training_info_from_run(run_dir)` / `training_info_from_trainer(trainer)`: the recipe a run recorded.
+- `training_info_from_run(run_dir)` / `training_info_from_trainer(trainer)`: the recipe a run recorded;
+  `training_info_of_model(folder)`: the recipe behind a model folder (the run's, and the checkpoints averaged).
 - `eval_results_for_card(reports, ...)`, `trainer_metric_reports(output_dir, trainer)`: evaluation results for the
   card, from the JSON reports of `vaswani_transformer.evaluation` or a Trainer run's own metrics.
 - `write_card_pictures(folder, training_run=..., attention_source=...)`: the pictures the card shows, written next to
@@ -24,6 +25,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 
+from .checkpoints import AVERAGING_RECORD_NAME
 from .configuration_vaswani_transformer import PRESETS, VaswaniTransformerConfig
 from .generation import PAPER_GENERATION_DEFAULTS
 
@@ -54,6 +56,8 @@ TRAINING_FIELDS = {
     "adam_epsilon": "Adam epsilon",
     "lr_schedule": "learning-rate schedule",
     "lr_factor": "schedule factor",
+    "lr_scheduler_type": "transformers schedule",
+    "lr_scheduler_kwargs": "schedule arguments",
     "learning_rate": "learning rate",
     "warmup_steps": "warmup steps",
     "label_smoothing_factor": "label smoothing",
@@ -124,14 +128,20 @@ def _format_value(value: Any) -> str:
 
 def _recipe_fields(args: Mapping[str, Any]) -> dict[str, Any]:
     """The card's recipe fields of training arguments (`TrainingArguments.to_dict()`): the number of updates or of
-    epochs (whichever applies), no learning rate under the paper schedule (which ignores it), the optimizer."""
-    info = {k: args[k] for k in TRAINING_FIELDS if k in args and args[k] not in (None, "")}
+    epochs (whichever applies), the settings of the schedule in use (the paper's: its factor, not the learning rate
+    it ignores; transformers': its type and arguments, not the paper's factor), the optimizer."""
+    info = {k: args[k] for k in TRAINING_FIELDS if k in args and args[k] not in (None, "", {})}
     if info.get("max_steps", 0) and info["max_steps"] > 0:
         info.pop("num_train_epochs", None)
     elif "max_steps" in info:
         info.pop("max_steps")
     if info.get("lr_schedule") == "paper":
-        info.pop("learning_rate", None)  # ignored by the paper schedule
+        for name in ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs"):  # ignored by the paper schedule
+            info.pop(name, None)
+    else:
+        info.pop("lr_factor", None)  # the paper schedule's factor: no effect on transformers' schedules
+    if "lr_scheduler_kwargs" in info:
+        info["lr_scheduler_kwargs"] = json.dumps(info["lr_scheduler_kwargs"], sort_keys=True)
     if "lr_schedule" in args:  # our arguments: VaswaniSeq2SeqTrainer's Adam unless `optim` names another
         from .trainer import describe_optimizer, uses_paper_optimizer  # (the trainer module imports this one)
 
@@ -145,9 +155,9 @@ def _recipe_fields(args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def training_info_from_run(run_dir: PathLike) -> dict[str, Any]:
-    """What a training run recorded: `training_summary.json` (updates, tokens seen, wall time, processes) and
-    `trainer_state.json` (global step), plus `training_args.json` (any recipe fields) when present. Missing files
-    are skipped; an empty dict means nothing was recorded."""
+    """What a training run recorded: `training_summary.json` (updates, tokens seen, wall time, processes, tokens per
+    batch) and `trainer_state.json` (global step), plus `training_args.json` (any recipe fields) when present. Missing
+    files are skipped; an empty dict means nothing was recorded."""
     run_dir = Path(run_dir)
     info: dict[str, Any] = {}
     args_file = run_dir / "training_args.json"  # written next to trainer_state.json by VaswaniSeq2SeqTrainer.save_state
@@ -162,6 +172,21 @@ def training_info_from_run(run_dir: PathLike) -> dict[str, Any]:
     if summary_file.is_file():
         summary = read_json(summary_file).get("summary") or {}
         info.update({k: v for k, v in summary.items() if k in TRAINING_FIELDS and v is not None})
+    return info
+
+
+def training_info_of_model(folder: PathLike, training_run: PathLike | None = None) -> dict[str, Any]:
+    """The recipe behind the weights in a model `folder`: `training_info_from_run` of `training_run`, else of the
+    folder, else of the run folder around it (`averaged/`, a copied model), plus the number of checkpoints averaged
+    when the folder holds an average (`averaged_checkpoints.json` of `checkpoints.average_checkpoints`)."""
+    folder = Path(folder)
+    if training_run is not None:
+        info = training_info_from_run(training_run)
+    else:
+        info = training_info_from_run(folder) or training_info_from_run(folder.parent)
+    record = folder / AVERAGING_RECORD_NAME
+    if record.is_file():
+        info["average_last_checkpoints"] = read_json(record)["num_checkpoints"]
     return info
 
 
@@ -479,6 +504,7 @@ __all__ = [
     "trainer_metric_reports",
     "training_info_from_run",
     "training_info_from_trainer",
+    "training_info_of_model",
     "write_attention_picture",
     "write_card_pictures",
     "write_learning_curve_picture",

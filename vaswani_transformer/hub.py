@@ -57,6 +57,7 @@ from .card import (
     trainer_metric_reports,
     training_info_from_run,
     training_info_from_trainer,
+    training_info_of_model,
 )
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
 from .generation import PAPER_GENERATION_DEFAULTS, VaswaniGenerationConfig
@@ -252,7 +253,10 @@ def export_repository(
     """Write the complete repository folder for `model` (a model object, or a saved model folder with its tokenizer)
     to `output_dir`: weights (safetensors), config with `auto_map` and `custom_pipelines`, code files, tokenizer,
     generation config, model card. `card_options` go to `write_repository_extras` (source_lang, target_lang, license,
-    datasets, model_name, repo_id, tags, template_path). A non-empty `output_dir` is refused unless `overwrite`."""
+    datasets, model_name, repo_id, tags, template_path). From a saved folder, the card's recipe defaults to
+    `training_info_of_model` (the run that wrote it, the checkpoints averaged) and its results to the folder's own
+    `test_results.json`/`eval_results.json` (`trainer_metric_reports`); `eval_results` replaces them. A non-empty
+    `output_dir` is refused unless `overwrite`."""
     output_dir = Path(output_dir)
     if isinstance(model, (str, os.PathLike)) and Path(model).exists():
         target, source = output_dir.resolve(), Path(model).resolve()
@@ -272,7 +276,9 @@ def export_repository(
         if source.is_dir():
             check_model_folder(source)
             if training_info is None:
-                training_info = training_info_from_run(source) or training_info_from_run(source.parent) or None
+                training_info = training_info_of_model(source) or None
+            if eval_results is None:  # the folder's own scores (a run's test/validation results), not the run's around
+                eval_results = trainer_metric_reports(source) or None
             # The card's learning curve: the run holding trainer_state.json (the model folder, or the run around it).
             runs = [d for d in (source, source.parent) if (d / "trainer_state.json").is_file()]
             card_options.setdefault("training_run", runs[0] if runs else None)
@@ -478,7 +484,7 @@ def main(argv=None) -> int:
     if args.license is not None:
         card_options["license"] = args.license
     sentence = {} if args.validation_sentence is None else {"sentence": args.validation_sentence}
-    training_info = training_info_from_run(args.training_run) if args.training_run else None
+    training_info = training_info_of_model(args.model_name_or_path, args.training_run) if args.training_run else None
     if args.training_run:
         card_options["training_run"] = args.training_run  # its learning curve goes into the card
     try:

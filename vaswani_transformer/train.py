@@ -48,7 +48,7 @@ from transformers import (
     set_seed,
 )
 
-from .card import trainer_metric_reports, training_info_from_run, training_info_from_trainer
+from .card import trainer_metric_reports, training_info_from_trainer, training_info_of_model
 from .checkpoints import NOT_RESUMING, average_last_checkpoints, find_checkpoints, resolve_resume_checkpoint
 from .cli import did_you_mean, output_path_problem, unknown_arguments_message
 from .configuration_vaswani_transformer import VaswaniTransformerConfig, preset_training_arguments
@@ -722,9 +722,9 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
             tested_dir = averaged_dir
     if compare_average:  # the averaged model decoded as the one before it, before the grid changes alpha
         result["eval_averaged"] = _with_length_penalty(trainer.evaluate(metric_key_prefix="eval"), trainer)
-        if trainer.is_world_process_zero():
+        if trainer.is_world_process_zero():  # fewer checkpoints than asked are averaged when the run has fewer
             _report_averaging(result["eval_before_averaging"], result["eval_averaged"],
-                              data_args.average_last_checkpoints)
+                              training_info_of_model(tested_dir).get("average_last_checkpoints"))
     if data_args.length_penalty_grid:
         record = trainer.choose_length_penalty(tokenized["validation"], data_args.length_penalty_grid)
         result["length_penalty"] = record
@@ -817,11 +817,10 @@ def _save_metrics(trainer, folder: str, prefix: str, metrics: dict[str, float]) 
 
 def _write_averaged_model_card(trainer, folder: str, data_args) -> None:
     """The averaged model's card in ``folder`` (``hub.write_repository_extras``, as the run folder's): its own scores
-    (the results files there), the run's recipe and totals plus the number of checkpoints averaged, and the run's
-    learning curve."""
+    (the results files there), the run's recipe and totals plus the number of checkpoints averaged (as recorded
+    there: fewer than asked when the run had fewer), and the run's learning curve."""
     run_dir = trainer.args.output_dir
-    info = {**training_info_from_run(run_dir), **training_info_from_trainer(trainer),
-            "average_last_checkpoints": data_args.average_last_checkpoints}  # fmt: skip
+    info = {**training_info_of_model(folder, run_dir), **training_info_from_trainer(trainer)}
     write_repository_extras(folder, info, trainer_metric_reports(folder), source_lang=data_args.source_lang,
                             target_lang=data_args.target_lang, training_run=run_dir)  # fmt: skip
 

@@ -793,7 +793,8 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
     def training_summary(self) -> dict[str, Any]:
         """What training did, summed over processes. ``updates``, ``*_tokens_seen``, ``wall_time_seconds`` and
         ``target_tokens_per_second`` cover all training since update 1 (carried across resumes in the checkpoints;
-        None when a resumed checkpoint did not record them); the ``*_this_run`` figures cover this run only."""
+        None when a resumed checkpoint did not record them); the ``*_this_run`` figures cover this run only;
+        ``max_tokens_per_batch`` when batching by tokens (the card of a run folder reads it from there)."""
         totals, start = self.totals, self.totals.at_start
         run_seconds = totals.run_seconds()
         updates = int(self.state.global_step)
@@ -812,6 +813,7 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             "target_tokens_per_second": round(totals.target / seconds, 1) if seconds else None,
             **{f"{k}_this_run": v for k, v in run.items()},
             "num_processes": int(self.args.world_size),
+            **({"max_tokens_per_batch": self.max_tokens_per_batch} if self.max_tokens_per_batch else {}),
         }
 
 

@@ -508,11 +508,17 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
     def _load_optimizer_and_scheduler(self, checkpoint):
         """Resuming restores the optimizer's rate with its state: the rate the checkpoint's schedule gave the next
         update. The paper schedule of this run (its lr_factor and warmup_steps, which may differ) sets it again, so the
-        first resumed update uses this run's rate, as the later ones do."""
+        first resumed update uses this run's rate, as the later ones do. transformers' schedules (multiplier
+        functions of the step) also get this run's learning_rate as their base: their saved state holds the
+        checkpoint's, which would otherwise silently stay."""
         super()._load_optimizer_and_scheduler(checkpoint)
         scheduler = getattr(self.lr_scheduler, "scheduler", self.lr_scheduler)  # (accelerate's wrapper, if any)
-        if checkpoint is None or getattr(self.args, "lr_schedule", "hf") != "paper":
+        if checkpoint is None or not hasattr(scheduler, "lr_lambdas"):  # (reduce_lr_on_plateau: its state decides)
             return
+        if getattr(self.args, "lr_schedule", "hf") != "paper":
+            scheduler.base_lrs = [self.args.learning_rate] * len(scheduler.base_lrs)
+            for group in self.optimizer.param_groups:
+                group["initial_lr"] = self.args.learning_rate
         for group, base, rate in zip(self.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
             group["lr"] = base * rate(scheduler.last_epoch)
 

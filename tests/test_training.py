@@ -829,28 +829,28 @@ def test_a_run_resumed_with_another_schedule_uses_it_from_its_first_update(tmp_p
 
 
 def test_a_run_resumed_with_another_learning_rate_under_a_transformers_schedule_uses_it(tmp_path):
-    """lr_schedule=hf (transformers' linear schedule, warmup 2 of 8 updates): resumed with another learning_rate,
-    every update from the first resumed one uses the new rate times the schedule's factor (before, the checkpoint's
-    scheduler state kept the old rate without a word)."""
+    """lr_schedule=hf (transformers' linear schedule, warmup 2 of 8 updates): resumed with another learning_rate and
+    warmup (6), every update from the first resumed one uses the new rate times the new schedule's factor (before,
+    the checkpoint's scheduler state kept the old rate without a word)."""
     data = write_fixture(tmp_path / "data", n_train=40)
     out, first, resumed = tmp_path / "out", _RecordRates(), _RecordRates()
 
-    def hf_args(rate: str, *extra: str) -> list[str]:
+    def hf_args(rate: str, warmup: str, *extra: str) -> list[str]:
         args = tiny_args(data, out, "--lr_schedule", "hf", "--learning_rate", rate, "--lr_scheduler_type", "linear",
                          "--max_steps", "8", "--save_steps", "4", *extra)  # fmt: skip
         i = args.index("--lr_factor")
-        args[args.index("--warmup_steps") + 1] = "2"
+        args[args.index("--warmup_steps") + 1] = warmup
         return args[:i] + args[i + 2:]  # (lr_factor has no effect with lr_schedule=hf)
 
-    def linear(n: int) -> float:  # transformers' linear schedule with warmup 2 of 8, for update n (1-based)
+    def linear(n: int, warmup: int) -> float:  # transformers' linear schedule over 8 updates, for update n (1-based)
         step = n - 1
-        return step / 2 if step < 2 else max(0.0, (8 - step) / (8 - 2))
+        return step / warmup if step < warmup else max(0.0, (8 - step) / (8 - warmup))
 
-    run_from_args(hf_args("1e-3"), callbacks=[first])
-    run_from_args(hf_args("4e-3", "--resume_from_checkpoint", str(out / "checkpoint-4")), callbacks=[resumed])
+    run_from_args(hf_args("1e-3", "2"), callbacks=[first])
+    run_from_args(hf_args("4e-3", "6", "--resume_from_checkpoint", str(out / "checkpoint-4")), callbacks=[resumed])
     assert sorted(first.rates) == list(range(1, 9)) and sorted(resumed.rates) == [5, 6, 7, 8]
-    assert first.rates == pytest.approx({n: 1e-3 * linear(n) for n in first.rates}, rel=1e-12)
-    assert resumed.rates == pytest.approx({n: 4e-3 * linear(n) for n in resumed.rates}, rel=1e-12)
+    assert first.rates == pytest.approx({n: 1e-3 * linear(n, 2) for n in first.rates}, rel=1e-12)
+    assert resumed.rates == pytest.approx({n: 4e-3 * linear(n, 6) for n in resumed.rates}, rel=1e-12)
 
 
 def test_a_new_run_into_a_folder_with_checkpoints_is_refused_before_anything_is_written(tmp_path, capsys):

@@ -173,6 +173,28 @@ def test_every_model_carries_the_paper_generation_config_and_saves_it(tmp_path):
     assert GenerationConfig.from_pretrained(tmp_path).max_len_b == 7
 
 
+@pytest.mark.parametrize("saved_with", ["no generation_config.json", "one derived from config.json"])
+def test_a_folder_without_a_decoding_of_its_own_decodes_as_the_paper(tmp_path, saved_with):
+    """A model folder with config.json and weights only (copied by hand, uploaded without it), or with a generation
+    config transformers derived from config.json (`_from_model_config`): loading gives the paper's decoding, as the
+    model built from its config has, not transformers' plain greedy search (before: num_beams None, greedy)."""
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    if saved_with == "no generation_config.json":
+        (tmp_path / "generation_config.json").unlink()
+    else:
+        GenerationConfig.from_model_config(model.config).save_pretrained(tmp_path)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    for name, value in PAPER_GENERATION_DEFAULTS.items():
+        assert getattr(reloaded.generation_config, name) == value, name
+    inputs = {"input_ids": torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])}
+    inputs["attention_mask"] = (inputs["input_ids"] != 0).long()
+    greedy = model.generate(**inputs, num_beams=1, max_new_tokens=6)
+    decoded = reloaded.generate(**inputs, max_new_tokens=6)
+    assert torch.equal(decoded, model.generate(**inputs, max_new_tokens=6))
+    assert not torch.equal(decoded, greedy)  # the check can tell the two decodings apart
+
+
 # --- against the reference -------------------------------------------------------------------------------------------
 
 # (seed, eos_bias, alpha, max_len_b)

@@ -158,6 +158,14 @@ def _check_custom_fields(length_penalty_type, beam_search_rules, max_len_a, max_
 class VaswaniGenerationMixin(GenerationMixin):
     """`generate` whose default is the paper's beam search (see the module docstring and `paper_beam_search`)."""
 
+    def adjust_generation_fn(self, generation_config, *args, **kwargs):
+        """`from_pretrained`'s loading of the generation config. A folder without a deliberate one (no
+        `generation_config.json`, or one transformers derived from `config.json`) gets the paper's decoding, as a
+        model built from its config does: transformers would derive a plain one (greedy search) from `config.json`."""
+        super().adjust_generation_fn(generation_config, *args, **kwargs)
+        if generation_config is None and getattr(self.generation_config, "_from_model_config", False):
+            self.generation_config = VaswaniGenerationConfig.from_model_config(self.config)
+
     @torch.no_grad()
     def generate(
         self,

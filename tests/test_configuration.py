@@ -92,6 +92,40 @@ def test_invalid_values_fail_at_construction(kwargs, message):
         VaswaniTransformerConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"num_heads": 5}, r"`d_model` \(32\) must be divisible by `num_heads` \(5\)"),
+        ({"position_encoding": "tensor2tensr"}, r"`position_encoding` must be 'sinusoidal' or 'learned'"),
+        ({"encoder_layers": 0}, r"`encoder_layers` must be a positive integer"),
+        ({"position_offset": -1}, r"`position_offset` must be 0 or more"),
+        ({"tie_word_embeddings": False}, r"`tie_word_embeddings` \(False\) follows `share_embeddings` \(True\)"),
+    ],
+)
+def test_invalid_values_given_to_from_pretrained_fail_before_a_model_is_built(tmp_path, overrides, message):
+    """transformers sets from_pretrained's keyword values after the config is built, past its checks: building a model
+    from such a config checks them (before: a model with 6-wide heads, or sinusoids for a misspelt encoding, trained
+    and saved, and only loading it again failed)."""
+    VaswaniTransformerConfig(d_model=32, num_heads=4, d_ff=64, vocab_size=50).save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path, **overrides)
+    with pytest.raises(ValueError, match=message):
+        VaswaniTransformerForConditionalGeneration(config)
+
+
+def test_an_explicit_tie_must_agree_with_share_embeddings_and_follows_its_later_changes(tmp_path):
+    """The paper's three-way tie is one switch, `share_embeddings`: `tie_word_embeddings` follows it (before, an
+    explicit tie_word_embeddings=False was silently replaced by True); set after construction (from_pretrained's
+    keyword values), `share_embeddings` moves the tie with it."""
+    with pytest.raises(ValueError, match=r"`tie_word_embeddings` \(False\) follows `share_embeddings` \(True\)"):
+        VaswaniTransformerConfig(tie_word_embeddings=False)
+    assert VaswaniTransformerConfig(share_embeddings=False, tie_word_embeddings=False).tie_word_embeddings is False
+    VaswaniTransformerConfig(d_model=32, num_heads=4, d_ff=64, vocab_size=50).save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path, share_embeddings=False)
+    assert config.tie_word_embeddings is False
+    model = VaswaniTransformerForConditionalGeneration(config)
+    assert model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
+
+
 def test_explicit_head_sizes_lift_the_divisibility_rule():
     config = VaswaniTransformerConfig(d_model=500, num_heads=8, d_k=64, d_v=64)
     assert config.head_dim_k == 64

@@ -37,8 +37,10 @@ class VaswaniTransformerModelTester:
     """Tiny configuration and inputs for the common tests (sizes as MarianMT's tester)."""
 
     def __init__(self, parent, batch_size=13, seq_length=7, is_training=True, vocab_size=99, hidden_size=16,
-                 num_hidden_layers=2, num_attention_heads=4, intermediate_size=4, dropout=0.1):  # fmt: skip
+                 num_hidden_layers=2, num_attention_heads=4, intermediate_size=4, dropout=0.1,
+                 share_embeddings=True):  # fmt: skip
         self.parent = parent
+        self.share_embeddings = share_embeddings
         self.batch_size = batch_size
         self.seq_length = seq_length
         self.is_training = is_training
@@ -59,6 +61,7 @@ class VaswaniTransformerModelTester:
             d_ff=self.intermediate_size,
             dropout=self.dropout,
             attention_dropout=self.dropout,
+            share_embeddings=self.share_embeddings,
         )
 
     def prepare_config_and_inputs(self):
@@ -106,6 +109,21 @@ class VaswaniTransformerModelTest(suites.ModelTesterMixin, suites.GenerationTest
 
     def test_config(self):
         self.config_tester.run_common_tests()
+
+    # transformers' tests of untied models, untied by our switch: `share_embeddings=False` (`tie_word_embeddings`
+    # follows it; set alone to False it is refused, rather than giving a model that shares nothing though its config
+    # says it shares the embeddings).
+    def test_load_save_without_tied_weights(self):
+        self.model_tester = VaswaniTransformerModelTester(self, share_embeddings=False)
+        super().test_load_save_without_tied_weights()
+
+    def test_resize_embeddings_untied(self):
+        self.model_tester = VaswaniTransformerModelTester(self, share_embeddings=False)
+        super().test_resize_embeddings_untied()
+
+    def test_resize_embeddings_untied_no_reinit_on_post_init(self):
+        self.model_tester = VaswaniTransformerModelTester(self, share_embeddings=False)
+        super().test_resize_embeddings_untied_no_reinit_on_post_init()
 
     def test_save_load_strict(self):
         """As MarianMT's: a saved model loads with no missing key."""

@@ -81,7 +81,8 @@ class VaswaniTransformerConfig(PreTrainedConfig):
         embeddings and positional encodings.
     attention_dropout, activation_dropout (`float`): dropout on attention weights and inside the feed-forward
         network; 0.0 as in the paper.
-    share_embeddings (`bool`): one matrix for source embeddings, target embeddings and the pre-softmax projection.
+    share_embeddings (`bool`): one matrix for source embeddings, target embeddings and the pre-softmax projection
+        (`tie_word_embeddings` follows it; a different value is an error).
     scale_embedding (`bool`): multiply embeddings by sqrt(d_model).
     position_encoding (`str`): "sinusoidal" (the paper's formula), "learned" (Table 3 row E) or "tensor2tensor" (the
         authors' code and fairseq: sines and cosines as concatenated halves, frequencies 10000^(-i/(d_model/2 - 1))).
@@ -117,20 +118,27 @@ class VaswaniTransformerConfig(PreTrainedConfig):
     init_std: float | None = None
     use_cache: bool = True
     is_encoder_decoder: bool = True
-    tie_word_embeddings: bool = True
+    tie_word_embeddings: bool | None = None  # follows share_embeddings (one switch)
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     decoder_start_token_id: int | None = 1
 
     def __post_init__(self, **kwargs):
-        self._check_fields()
         # The three-way tie is one switch: `share_embeddings` also ties the output projection.
-        self.tie_word_embeddings = self.share_embeddings
+        if self.tie_word_embeddings is None:
+            self.tie_word_embeddings = self.share_embeddings
+        self.check_fields()
         super().__post_init__(**kwargs)
 
-    def _check_fields(self):
-        """Raise a ValueError naming the field and the rule for every invalid value."""
+    def __setattr__(self, key, value):
+        super().__setattr__(key, value)
+        if key == "share_embeddings" and "tie_word_embeddings" in self.__dict__:  # set after construction
+            super().__setattr__("tie_word_embeddings", value)
+
+    def check_fields(self):
+        """Raise a ValueError naming the field and the rule for every invalid value. Run at construction and by the
+        models built from the config (transformers sets `from_pretrained`'s keyword values after construction)."""
         for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "num_heads", "d_ff",
                      "max_position_embeddings"):  # fmt: skip
             if getattr(self, name) <= 0:
@@ -162,6 +170,11 @@ class VaswaniTransformerConfig(PreTrainedConfig):
             raise ValueError(f"position_encoding='tensor2tensor' needs d_model >= 4, got {self.d_model}.")
         if self.init_std is not None and self.init_std <= 0:
             raise ValueError(f"`init_std` must be positive or None, got {self.init_std}.")
+        if self.tie_word_embeddings != self.share_embeddings:
+            raise ValueError(
+                f"`tie_word_embeddings` ({self.tie_word_embeddings}) follows `share_embeddings` "
+                f"({self.share_embeddings}): the paper's three-way tie is one switch; set `share_embeddings` only."
+            )
 
     @property
     def head_dim_k(self) -> int:

@@ -471,6 +471,10 @@ class VaswaniTransformerPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _can_compile_fullgraph = True
 
+    def __init__(self, config: VaswaniTransformerConfig, *inputs, **kwargs):
+        config.check_fields()  # values set after the config was built (from_pretrained's keywords) are checked too
+        super().__init__(config, *inputs, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
         """Xavier-uniform linears with zero bias; embeddings N(0, d_model^-0.5) with a zero padding row."""

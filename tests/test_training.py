@@ -450,6 +450,59 @@ def test_training_arguments_that_would_be_ignored_are_errors_naming_what_to_set(
         parse_arguments([str(recipe)])
 
 
+def test_a_preset_beside_a_config_name_and_tokenizer_options_beside_a_tokenizer_name_are_errors(tmp_path):
+    """--preset with --config_name (the config sets the model; the preset's would be dropped while its training
+    values applied) and --tokenizer_vocab_size / --tokenizer_model with --tokenizer_name (used as it is) are errors
+    naming what to do. A recipe's preset and tokenizer options give way to a config or tokenizer given (the shipped
+    recipes set them; the ablations' rows add a shared tokenizer), and --preset with --model_name_or_path gives the
+    preset's training values, as documented."""
+
+    def parsed(*argv):
+        return parse_arguments(["--output_dir", str(tmp_path), *argv])
+
+    with pytest.raises(ValueError, match=r"preset=big has no effect on the model with config_name=cfg, whose config "
+                       r"sets it .*training values .*would still apply: leave preset out"):
+        parsed("--config_name", "cfg", "--preset", "big")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("output_dir: out\nconfig_name: cfg\n")
+    with pytest.raises(ValueError, match="preset=base has no effect on the model with config_name=cfg"):
+        parse_arguments([str(recipe), "--preset", "base"])
+    for flags, said in ((["--tokenizer_vocab_size", "8000"], "tokenizer_vocab_size=8000"),
+                        (["--tokenizer_model", "wordpiece"], "tokenizer_model=wordpiece")):
+        with pytest.raises(ValueError, match=rf"{said} has no effect with tokenizer_name=tok, which is used as it is"
+                           r".*leave it out, or leave tokenizer_name out"):
+            parsed("--tokenizer_name", "tok", *flags)
+    # what stays: the preset's training values with a given model; a recipe's preset and tokenizer options replaced
+    model_args, _, args = parsed("--model_name_or_path", "model", "--preset", "big")
+    assert (model_args.preset, args.max_steps) == ("big", 300_000)
+    recipe.write_text("output_dir: out\npreset: big\ntokenizer_vocab_size: 8000\ntokenizer_model: wordpiece\n")
+    model_args, _, args = parse_arguments([str(recipe), "--config_name", "cfg", "--tokenizer_name", "tok"])
+    assert (model_args.config_name, model_args.tokenizer_name, args.max_steps) == ("cfg", "tok", 300_000)
+    assert parsed("--tokenizer_vocab_size", "8000")[0].tokenizer_vocab_size == 8000  # training one: taken
+
+
+def test_label_smoothing_outside_0_1_and_a_learning_rate_factor_not_above_0_are_errors(tmp_path):
+    """label_smoothing_factor outside [0, 1] (F.cross_entropy's range: the GPU loss refuses it, the CPU loss would
+    train with it) and lr_factor <= 0 (a negative one climbs the loss, 0 trains nothing), nan or inf are errors
+    naming the flag, the value and the range; the ends of the smoothing range are taken."""
+    logits, labels = torch.randn(3, 7, generator=torch.Generator().manual_seed(0)), torch.tensor([1, 2, 3])
+    torch.nn.functional.cross_entropy(logits, labels, label_smoothing=1.0)  # torch's range includes 1
+    with pytest.raises(RuntimeError, match="between 0.0 and 1.0"):
+        torch.nn.functional.cross_entropy(logits, labels, label_smoothing=1.5)
+
+    def parsed(*argv):
+        return parse_arguments(["--output_dir", str(tmp_path), *argv])[2]
+
+    for value in ("1.5", "-0.1", "nan"):
+        with pytest.raises(ValueError, match=rf"label_smoothing_factor must be in \[0, 1\] .*got {value}\."):
+            parsed("--label_smoothing_factor", value)
+    for value in ("-0.45", "0.0", "inf", "nan"):
+        with pytest.raises(ValueError, match=rf"lr_factor must be positive and finite .*got {value}\."):
+            parsed("--lr_factor", value)
+    assert [parsed("--label_smoothing_factor", v).label_smoothing_factor for v in ("0", "1")] == [0.0, 1.0]
+    assert parsed("--lr_factor", "1e-6").lr_factor == 1e-6
+
+
 def test_unknown_recipe_key_lists_valid_ones(tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text("output_dir: o\nmax_tokens_per_bach: 10\n")

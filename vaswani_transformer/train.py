@@ -104,14 +104,22 @@ class ModelArguments:
     preset: str = field(
         default="base",
         metadata={"help": "Paper preset (base, big, Table 3 rows): the model of a new model and the training values "
-                  "of its row (label_smoothing_factor, max_steps, warmup_steps); a flag or recipe key overrides them."},
+                  "of its row (label_smoothing_factor, max_steps, warmup_steps); a flag or recipe key overrides them. "
+                  "With model_name_or_path (or a recipe's preset with config_name): its training values only; "
+                  "--preset with config_name is an error."},
     )
     config_overrides: str | None = field(
         default=None,
         metadata={"help": "Config fields for a new model, 'd_model=256,d_ff=1024' (a mapping in a recipe file)."},
     )
-    tokenizer_vocab_size: int = field(default=37000, metadata={"help": "Size of a newly trained shared vocabulary."})
-    tokenizer_model: str = field(default="bpe", metadata={"help": "bpe (paper EN-DE) or wordpiece (paper EN-FR)."})
+    tokenizer_vocab_size: int = field(
+        default=37000,
+        metadata={"help": "Size of a newly trained shared vocabulary (the flag with tokenizer_name is an error)."},
+    )
+    tokenizer_model: str = field(
+        default="bpe",
+        metadata={"help": "bpe (paper EN-DE) or wordpiece (paper EN-FR), for a newly trained vocabulary."},
+    )
     attn_implementation: str | None = field(
         default=None,
         metadata={
@@ -228,6 +236,12 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
         if self.save_every_minutes is not None and self.save_every_minutes <= 0:
             raise ValueError(f"save_every_minutes must be positive, got {self.save_every_minutes}.")
+        if not 0 <= self.label_smoothing_factor <= 1:  # (also refuses nan) F.cross_entropy's range
+            raise ValueError(f"label_smoothing_factor must be in [0, 1] (the probability mass spread over the "
+                             f"vocabulary; paper: 0.1), got {self.label_smoothing_factor}.")
+        if not 0 < self.lr_factor < float("inf"):  # a negative factor climbs the loss, 0 trains nothing
+            raise ValueError(f"lr_factor must be positive and finite (it multiplies the paper schedule's rates; "
+                             f"paper: 1), got {self.lr_factor}.")
         if self.bf16_where_native and not (self.bf16 or self.fp16):
             # Decided before transformers' own checks, which set up mixed precision from --bf16.
             self.bf16 = has_native_bf16("cpu" if self.use_cpu or not torch.cuda.is_available() else "cuda")
@@ -302,21 +316,41 @@ def parse_arguments(argv: list[str] | None = None):
         for action in parser._actions:
             if action.dest in recipe:
                 action.required = False
-    given = {**recipe, **given_arguments(argv)}  # what the user set: recipe keys, then flags
+    flags = given_arguments(argv)
+    given = {**recipe, **flags}  # what the user set: recipe keys, then flags
     parser.set_defaults(**preset_training_defaults(given.get("preset", "base"), given), **recipe)
     model_args, data_args, training_args, rest = parser.parse_args_into_dataclasses(
         args=argv, return_remaining_strings=True
     )
     if rest:
         raise ValueError(f"{unknown_arguments_message(parser, rest)} Unknown arguments: {rest}.")
-    check_arguments_take_effect(given, data_args, training_args)
+    check_arguments_take_effect(given, data_args, training_args, flags)
     check_averaged_checkpoints_are_kept(data_args, training_args)
     return model_args, data_args, training_args
 
 
-def check_arguments_take_effect(given: dict[str, Any], data_args, training_args) -> None:
+def check_arguments_take_effect(given: dict[str, Any], data_args, training_args,
+                                flags: dict[str, Any] | None = None) -> None:
     """A ValueError for an argument the user gave (``given``: recipe keys and flags) that this training would ignore,
-    naming what sets that value instead."""
+    naming what sets that value instead. ``preset`` and the tokenizer options are refused only as ``flags`` (the
+    command line's; default: all of ``given``): a recipe's are its new model and tokenizer, which a config, model or
+    tokenizer given replaces (the ablations' rows take a shared tokenizer so)."""
+    flags = given if flags is None else flags
+    if "preset" in flags and given.get("config_name"):
+        raise ValueError(
+            f"preset={flags['preset']} has no effect on the model with config_name={given['config_name']}, whose "
+            "config sets it (config_overrides changes its fields), while the preset's training values "
+            "(label_smoothing_factor, max_steps, warmup_steps) would still apply: leave preset out and set those, "
+            "or leave config_name out for the preset's model."
+        )
+    if given.get("tokenizer_name"):
+        for name in ("tokenizer_vocab_size", "tokenizer_model"):
+            if name in flags:
+                raise ValueError(
+                    f"{name}={flags[name]} has no effect with tokenizer_name={given['tokenizer_name']}, which is used "
+                    "as it is (tokenizer_vocab_size and tokenizer_model set a tokenizer trained when none is given): "
+                    "leave it out, or leave tokenizer_name out to train a new tokenizer."
+                )
     if training_args.lr_schedule == "paper":
         for name in ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs"):
             if name in given:

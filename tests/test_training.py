@@ -64,10 +64,11 @@ def write_fixture(folder: Path, n_train: int = 400, n_valid: int = 12, seed: int
 
 
 def tiny_args(data: Path, out: Path, *extra: str) -> list[str]:
+    given_tokenizer = "--tokenizer_name" in extra or "--model_name_or_path" in extra
     return [
         "--train_file", str(data / "train"), "--validation_file", str(data / "valid"),
         "--source_lang", "src", "--target_lang", "tgt", "--output_dir", str(out),
-        "--do_train", "--config_overrides", TINY_MODEL, "--tokenizer_vocab_size", "300",
+        "--do_train", "--config_overrides", TINY_MODEL, *([] if given_tokenizer else ["--tokenizer_vocab_size", "300"]),
         "--max_tokens_per_batch", "160", "--warmup_steps", "10", "--lr_factor", "3",
         "--logging_steps", "1", "--use_cpu", "--report_to", "none", "--seed", "3", "--disable_tqdm", "true",
         *extra,
@@ -452,7 +453,8 @@ def test_training_arguments_that_would_be_ignored_are_errors_naming_what_to_set(
 
 def test_a_preset_beside_a_config_name_and_tokenizer_options_beside_a_tokenizer_name_are_errors(tmp_path):
     """--preset with --config_name (the config sets the model; the preset's would be dropped while its training
-    values applied) and --tokenizer_vocab_size / --tokenizer_model with --tokenizer_name (used as it is) are errors
+    values applied) and --tokenizer_vocab_size / --tokenizer_model with --tokenizer_name or --model_name_or_path
+    (whose tokenizer is used as it is) are errors
     naming what to do. A recipe's preset and tokenizer options give way to a config or tokenizer given (the shipped
     recipes set them; the ablations' rows add a shared tokenizer), and --preset with --model_name_or_path gives the
     preset's training values, as documented."""
@@ -469,9 +471,10 @@ def test_a_preset_beside_a_config_name_and_tokenizer_options_beside_a_tokenizer_
         parse_arguments([str(recipe), "--preset", "base"])
     for flags, said in ((["--tokenizer_vocab_size", "8000"], "tokenizer_vocab_size=8000"),
                         (["--tokenizer_model", "wordpiece"], "tokenizer_model=wordpiece")):
-        with pytest.raises(ValueError, match=rf"{said} has no effect with tokenizer_name=tok, which is used as it is"
-                           r".*leave it out, or leave tokenizer_name out"):
-            parsed("--tokenizer_name", "tok", *flags)
+        for key, value in (("tokenizer_name", "tok"), ("model_name_or_path", "model")):  # (the model's tokenizer)
+            with pytest.raises(ValueError, match=rf"{said} has no effect with {key}={value}, whose tokenizer is used "
+                               rf"as it is.*leave it out, or leave {key} out"):
+                parsed(f"--{key}", value, *flags)
     # what stays: the preset's training values with a given model; a recipe's preset and tokenizer options replaced
     model_args, _, args = parsed("--model_name_or_path", "model", "--preset", "big")
     assert (model_args.preset, args.max_steps) == ("big", 300_000)

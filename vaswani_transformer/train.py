@@ -343,14 +343,15 @@ def check_arguments_take_effect(given: dict[str, Any], data_args, training_args,
             "(label_smoothing_factor, max_steps, warmup_steps) would still apply: leave preset out and set those, "
             "or leave config_name out for the preset's model."
         )
-    if given.get("tokenizer_name"):
-        for name in ("tokenizer_vocab_size", "tokenizer_model"):
-            if name in flags:
-                raise ValueError(
-                    f"{name}={flags[name]} has no effect with tokenizer_name={given['tokenizer_name']}, which is used "
-                    "as it is (tokenizer_vocab_size and tokenizer_model set a tokenizer trained when none is given): "
-                    "leave it out, or leave tokenizer_name out to train a new tokenizer."
-                )
+    tokenizer = [(k, given[k]) for k in ("tokenizer_name", "model_name_or_path") if given.get(k)][:1]
+    for name in ("tokenizer_vocab_size", "tokenizer_model") if tokenizer else ():
+        if name in flags:
+            key, value = tokenizer[0]
+            raise ValueError(
+                f"{name}={flags[name]} has no effect with {key}={value}, whose tokenizer is used as it is "
+                "(tokenizer_vocab_size and tokenizer_model set a tokenizer trained when none is given): leave it "
+                f"out, or leave {key} out to train a new tokenizer."
+            )
     if training_args.lr_schedule == "paper":
         for name in ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs"):
             if name in given:

@@ -113,6 +113,21 @@ def test_saved_tokenizer_loads_with_auto_and_appends_eos(trained):
         assert any(p.startswith(WORDPIECE_CONTINUATION_PREFIX) for p in pieces)
 
 
+def test_tags_added_as_tokens_encode_as_one_id_and_added_special_tokens_stay_text(trained):
+    """Special tokens written in text are text (`split_special_tokens`: a literal `</s>` must not end a sentence), and
+    so are special tokens added later; a tag added with `add_tokens` (e.g. a target-language tag) encodes as its id."""
+    _, _, folder = trained
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    plain = tokenizer(" A man.")["input_ids"]  # (the text after the tag, its space included)
+    tokenizer.add_tokens(["<2de>"])
+    tag = tokenizer.convert_tokens_to_ids("<2de>")
+    assert tag == len(tokenizer) - 1 and tokenizer("<2de> A man.")["input_ids"] == [tag] + plain
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<2fr>"]})
+    special = tokenizer.convert_tokens_to_ids("<2fr>")
+    encoded = tokenizer("<2fr> A man.")["input_ids"]
+    assert special not in encoded and tokenizer.decode(encoded, skip_special_tokens=True) == "<2fr> A man."
+
+
 def test_vocab_size_is_respected_for_both_models(tmp_path):
     corpus = varied_sentences(300, seed=2)
     for model, size in (("bpe", 300), ("wordpiece", 600)):

@@ -451,6 +451,33 @@ def test_output_attentions_and_hidden_states_for_every_layer():
     torch.testing.assert_close(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
 
 
+def test_output_attentions_with_a_kernel_that_returns_no_weights_is_an_error():
+    """flex attention returns no weights (transformers gave empty tuples, silently); eager and sdpa give them equal."""
+    source, target = random_ids(2, 6), random_ids(2, 4, seed=2)
+    model = tiny_model().eval()
+    with torch.no_grad():
+        weights = {}
+        for implementation in ("eager", "sdpa"):
+            model.set_attn_implementation(implementation)
+            weights[implementation] = model(input_ids=source, decoder_input_ids=target, output_attentions=True)
+        model.set_attn_implementation("flex_attention")
+        with pytest.raises(ValueError, match=r"output_attentions=True needs attn_implementation 'eager' or 'sdpa'.*"
+                           r"'flex_attention'"):
+            model(input_ids=source, decoder_input_ids=target, output_attentions=True)
+    for name in ("encoder_attentions", "decoder_attentions", "cross_attentions"):
+        for a, b in zip(getattr(weights["eager"], name), getattr(weights["sdpa"], name), strict=True):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("missing", ["pad_token_id", "decoder_start_token_id"])
+def test_labels_without_the_ids_to_shift_them_are_an_error_naming_them(missing):
+    model = tiny_model()
+    setattr(model.config, missing, None)
+    with pytest.raises(ValueError, match="Decoder inputs from labels need the config's pad_token_id and "
+                       "decoder_start_token_id; got (None and 1|0 and None)"):
+        model(input_ids=random_ids(2, 6), labels=random_ids(2, 5, seed=2))
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     source, labels = random_ids(2, 6), random_ids(2, 5, seed=2)
     grads = []

@@ -358,6 +358,12 @@ class MultiHeadAttention(nn.Module):
         # SDPA cannot return the weights; its masks are boolean tensors that the eager path takes as they are.
         if implementation == "sdpa" and kwargs.get("output_attentions", False):
             implementation = "eager"
+        elif ("flash" in implementation or "flex" in implementation) and kwargs.get("output_attentions", False):
+            raise ValueError(
+                f"output_attentions=True needs attn_implementation 'eager' or 'sdpa' (flash and flex attention "
+                f"kernels return no weights: they came back empty); this model uses {implementation!r}: load it with "
+                "attn_implementation='eager'."
+            )
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         output, weights = attention_interface(
             self,
@@ -648,6 +654,9 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
     """Decoder inputs from labels: the start token, then the labels without their last token (-100 -> pad)."""
+    if pad_token_id is None or decoder_start_token_id is None:
+        raise ValueError(f"Decoder inputs from labels need the config's pad_token_id and decoder_start_token_id; got "
+                         f"{pad_token_id} and {decoder_start_token_id}.")
     shifted = labels.new_full(labels.shape, pad_token_id)
     shifted[:, 1:] = labels[:, :-1]
     shifted[:, 0] = decoder_start_token_id

@@ -131,6 +131,37 @@ def test_empty_and_whitespace_sources_translate_to_empty(saved, translation_pipe
     assert pipe("") == [{"translation_text": ""}]
 
 
+def test_empty_source_token_ids_do_not_depend_on_the_batch(saved, translation_pipeline):
+    """With `return_tensors`, an empty source gives `[pad]` per returned sequence alone or batched with other
+    sources (it used to give the model's ids for its padded row there), and the others give generate's ids."""
+    folder, model, tokenizer = saved
+    pipe = translation_pipeline("translation", model=str(folder))
+    sources = [SOURCES[0], "", SOURCES[1], " "]
+    pad = [tokenizer.pad_token_id]
+
+    def token_ids(batch_size, **kwargs):
+        result = pipe(sources, batch_size=batch_size, return_tensors=True, return_text=True, **kwargs)
+        rows = [r if isinstance(r, list) else [r] for r in result]  # one sequence each: the dicts themselves
+        return [[(o["translation_token_ids"].tolist(), o["translation_text"]) for o in row] for row in rows]
+
+    for settings in ({"num_return_sequences": 1}, {"num_return_sequences": 2}):
+        n = settings["num_return_sequences"]
+        alone = token_ids(1, **settings)
+        assert alone[1] == alone[3] == [(pad, "")] * n
+        for batch_size in (2, 3, 4):
+            batched = token_ids(batch_size, **settings)
+            assert batched[1] == batched[3] == alone[1], batch_size  # (other rows' ids may carry the batch's padding)
+            assert [[text for _, text in row] for row in batched] == [[text for _, text in row] for row in alone]
+        generated = model.generate(**tokenizer(sources[:1], return_tensors="pt"), **settings)
+        assert [ids for ids, _ in alone[0]] == generated.tolist()
+    # the number of sequences set in the model's generation config, when the call does not name one
+    pipe.model.generation_config.num_return_sequences = 2
+    try:
+        assert token_ids(1)[1] == token_ids(2)[1] == token_ids(4)[1] == [(pad, "")] * 2
+    finally:
+        pipe.model.generation_config.num_return_sequences = 1
+
+
 def test_dataset_and_key_dataset_inputs(saved, translation_pipeline):
     from datasets import Dataset
     from transformers.pipelines.pt_utils import KeyDataset

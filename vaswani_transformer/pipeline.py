@@ -124,7 +124,8 @@ class TranslationPipeline(Pipeline):
     parameter (`num_beams`, `length_penalty`, `length_penalty_type`, `max_len_a`, `max_len_b`, `max_new_tokens`,
     `num_return_sequences`, ...), which `generate` receives on top of the model's generation config.
 
-    An empty or whitespace-only source translates to "" (it is not sent through the model's output).
+    An empty or whitespace-only source translates to "" and, with `return_tensors`, to the ids `[pad]` per returned
+    sequence, in any batch (it is not sent through the model's output).
     """
 
     _pipeline_calls_generate = True
@@ -235,14 +236,21 @@ class TranslationPipeline(Pipeline):
         custom = {k: generate_kwargs.pop(k) for k in self._CUSTOM_GENERATION_FIELDS if k in generate_kwargs}
         generate_kwargs = {**self._prepare_generate_kwargs(generate_kwargs), **custom}
         if bool(is_empty.all()):
-            output_ids = torch.full((batch_size, 1), self.tokenizer.pad_token_id, dtype=torch.long)
-            num_return = generate_kwargs.get("num_return_sequences") or 1
-            output_ids = output_ids.repeat_interleave(num_return, dim=0)
+            output_ids = self._empty_output_ids(batch_size * self._num_return_sequences(generate_kwargs))
         else:
             # The tokenizer lets generate read stop strings (`stop_strings=...`, or in a generation config).
             output_ids = self.model.generate(**model_inputs, **{"tokenizer": self.tokenizer, **generate_kwargs})
         output_ids = output_ids.reshape(batch_size, -1, output_ids.shape[-1])
         return {"output_ids": output_ids, "is_empty": is_empty}
+
+    def _num_return_sequences(self, generate_kwargs) -> int:
+        """How many sequences `generate` returns per source: the call's, else its generation config's, else 1."""
+        config = generate_kwargs.get("generation_config") or self.model.generation_config
+        return generate_kwargs.get("num_return_sequences") or getattr(config, "num_return_sequences", None) or 1
+
+    def _empty_output_ids(self, num_sequences: int) -> torch.Tensor:
+        """The token ids returned for an empty source: `[pad]` per sequence, whatever batch the source shares."""
+        return torch.full((num_sequences, 1), self.tokenizer.pad_token_id, dtype=torch.long)
 
     def postprocess(self, model_outputs, return_tensors=False, return_text=None, clean_up_tokenization_spaces=None):
         """Per returned sequence `{"translation_text": ...}`, or with `return_tensors` `{"translation_token_ids":
@@ -250,6 +258,8 @@ class TranslationPipeline(Pipeline):
         `tokenizer.decode` (default: the tokenizer's)."""
         output_ids = model_outputs["output_ids"][0]
         empty = bool(model_outputs["is_empty"].reshape(-1)[0])
+        if empty:  # in a batch with other sources the model's ids for its padded row are no answer
+            output_ids = self._empty_output_ids(len(output_ids))
         results = [{"translation_token_ids": ids} if return_tensors else {} for ids in output_ids]
         with_text = not return_tensors if return_text is None else return_text
         if with_text:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from huggingface_hub import ModelCard
 
 import vaswani_transformer  # noqa: F401
@@ -132,6 +133,41 @@ def test_dry_run_folder_loads_and_translates_without_the_package(dry_run, saved,
     assert report["config"] == "VaswaniTransformerConfig" and report["model"].startswith("transformers_modules.")
     assert report["generate"] == expected and report["pipeline"] == expected
     assert report["decoding"] == [4, 0.6, "gnmt", True, 0, TEST_MAX_LEN_B]  # the saved model's, kept on export
+
+
+def test_exported_repository_gives_the_base_model_to_automodel_without_the_package(
+    tmp_path, saved, python_without_package
+):
+    """`AutoModel.from_pretrained(repo, trust_remote_code=True)` where the package is not installed loads the base
+    model, as `AutoModel` does with the package (which registers it): transformers' `save_pretrained` maps only the
+    seq2seq class in `auto_map`, and this call failed with "Unrecognized configuration class". Its encoder output is
+    the package's. The model's own saved folder (`saved`) and its export both map it."""
+    folder, model, tokenizer = saved
+    repo = export_repository(folder, tmp_path / "repo")
+    for config in (folder / "config.json", repo / "config.json"):
+        auto_map = json.loads(config.read_text())["auto_map"]
+        assert auto_map["AutoModel"] == "modeling_vaswani_transformer.VaswaniTransformerModel", config
+    with torch.no_grad():
+        expected = model.model.encoder(**tokenizer(SOURCES, return_tensors="pt", padding=True)).last_hidden_state
+    hidden_path = tmp_path / "hidden.pt"
+    result = python_without_package(
+        f"""
+        import json
+        import torch
+        torch.set_num_threads(1)
+        from transformers import AutoModel, AutoTokenizer
+        folder = {str(repo)!r}
+        model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        inputs = tokenizer({SOURCES!r}, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            torch.save(model.encoder(**inputs).last_hidden_state, {str(hidden_path)!r})
+        print(json.dumps([type(model).__module__, type(model).__name__]))
+        """
+    )
+    module, name = json.loads(result.stdout.strip().splitlines()[-1])
+    assert module.startswith("transformers_modules.") and name == "VaswaniTransformerModel"
+    assert torch.equal(torch.load(hidden_path), expected)
 
 
 def test_card_parses_and_carries_the_results(tmp_path, saved, eval_json):

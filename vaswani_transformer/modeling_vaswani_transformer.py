@@ -760,6 +760,14 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
             }
         self.post_init()
 
+    def save_pretrained(self, *args, **kwargs):
+        """transformers' saving; with remote code registered, `auto_map` also names the base model for `AutoModel`
+        (transformers maps only the saved class, so `AutoModel` failed on the folder where this package is absent)."""
+        if self._auto_class is not None:
+            base = f"{VaswaniTransformerModel.__module__.split('.')[-1]}.{VaswaniTransformerModel.__name__}"
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), "AutoModel": base}
+        return super().save_pretrained(*args, **kwargs)
+
     def generate(self, *args, **kwargs):
         """`VaswaniGenerationMixin.generate` (the paper's beam search by default) with `packed_cpu_weights`."""
         with packed_cpu_weights():

@@ -39,6 +39,18 @@ from vaswani_transformer.modeling_vaswani_transformer import shift_tokens_right
 from vaswani_transformer.trainer import has_native_bf16, keep_freed_cpu_memory, skip_cudnn_attention
 
 
+def bf16_note(requested: str, native: bool) -> str:
+    """The header's note on bf16 autocast for `--bf16 requested` on a device with or without native bf16: why it is
+    not timed, or that it is timed emulated; empty where it is timed natively."""
+    if requested == "no":
+        return " (bf16 not timed: --bf16 no)"
+    if native:
+        return ""
+    if requested == "yes":
+        return " (bf16 timed as --bf16 yes asks, though emulated on this device: far slower than fp32)"
+    return " (bf16 skipped: emulated on this device, far slower than fp32)"
+
+
 def build(kind: str, args, attention: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "marian":
@@ -157,7 +169,8 @@ def main():
     if args.child:
         return print(json.dumps(child(args)))
     device = check_device(args.device)
-    with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_native_bf16(device.type))
+    native_bf16 = has_native_bf16(device.type)
+    with_bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and native_bf16)
 
     tokens = args.batch * args.length
     config = VaswaniTransformerConfig(vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers,
@@ -167,7 +180,7 @@ def main():
     size, peak = matmul_peaks(precisions, device, args.peak_seconds)
     print(f"batch {args.batch} x {args.length} tokens per side, d_model {args.d_model}, {args.layers}+{args.layers} layers, "
           f"h {args.heads}, d_ff {args.d_ff}, vocab {args.vocab}, {describe(device)}"
-          f"{'' if with_bf16 else ' (bf16 skipped: emulated on this device, far slower than fp32)'}")
+          f"{bf16_note(args.bf16, native_bf16)}")
     print(f"model FLOPs per step {step_flops / 1e9:.3g} GFLOP ({step_flops / tokens / 1e6:.1f} MFLOP per target "
           "token); "
           f"measured {size}^3 matmul peak " + ", ".join(f"{p} {peak[p] / 1e9:.0f} GFLOP/s" for p in precisions))

@@ -60,6 +60,16 @@ from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E4
 SMALL = dict(d_model=256, d_ff=1024, num_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.05)  # the CPU recipe
 
 
+def recipe_precision(precisions: list[str], native: bool) -> tuple[str, str]:
+    """The precision of ours to set against MarianMT's standard recipe, and how to name it: the one the CPU recipe
+    trains in on this device (`bf16_where_native`: bf16 where the device has native bf16, else fp32) when it was
+    timed; otherwise fp32, saying that the recipe's bf16 was not timed (`--bf16 no`)."""
+    recipe = "bf16" if native else "fp32"
+    if recipe in precisions:
+        return recipe, f"as the CPU recipe trains here ({recipe})"
+    return "fp32", "in fp32 (the CPU recipe trains in bf16 here, not timed: --bf16 no)"
+
+
 def model_config(preset: str, tokenizer_fields: dict) -> VaswaniTransformerConfig:
     """The Multi30k CPU recipe's small model ("small") or a paper preset, over the benchmark's vocabulary."""
     fields = SMALL if preset == "small" else {}
@@ -357,10 +367,10 @@ def main():
     print("| --- | --- | --- | --- |")
     for precision, row in alternating.items():
         print(f"| {names[precision]} | {row['ours']:.0f} | {row['marian']:.0f} | {row['marian'] / row['ours']:.2f}x |")
-    recipe = "bf16" if "bf16" in precisions else "fp32"  # how the CPU recipe trains here (bf16_where_native)
+    recipe, how = recipe_precision(precisions, has_native_bf16(device.type))
     ours = results_median(results, ("ours", "token", recipe))
     standard = results_median(results, ("marian", "sentences64", "fp32"))
-    print(f"\nOurs as the CPU recipe trains here ({recipe}) against MarianMT's standard recipe (random 64-sentence "
+    print(f"\nOurs {how} against MarianMT's standard recipe (random 64-sentence "
           f"batches, fp32: transformers' default): {ours['tok_s'] / standard['tok_s']:.2f}x real target tokens / s")
     if profiles:
         kind_of_time = "GPU kernel time" if device.type == "cuda" else "CPU time"

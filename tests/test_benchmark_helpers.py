@@ -25,3 +25,27 @@ def test_a_child_process_reports_its_own_peak_rss_not_its_parents():
     assert cpu_peak == rss_peak
     assert 10 < rss_peak < 1024, rss_peak  # torch imported: a few hundred MiB, not the parent's 1.5 GiB and more
     assert ballast[-1] == 1
+
+
+def test_bf16_notes_give_the_real_reason():
+    """The benchmarks' notes on bf16 name why it was or was not timed: `--bf16 no` on a device with native bf16 is
+    no "emulated" device (training_step_speed.py said so), and the recipe comparison of training_token_batches.py
+    names the precision the CPU recipe trains in on the device (bf16 where native: `bf16_where_native`), not the
+    one `--bf16` happened to leave timed."""
+    code = (f"import sys, json; sys.path.insert(0, {BENCHMARKS!r}); import training_step_speed as s, "
+            "training_token_batches as t; print(json.dumps("
+            "[s.bf16_note(r, n) for r in ('auto', 'yes', 'no') for n in (True, False)] + "
+            "[t.recipe_precision(p, n) for p in (['fp32'], ['fp32', 'bf16']) for n in (True, False)]))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    auto_native, auto_emulated, yes_native, yes_emulated, no_native, no_emulated, *recipe = json.loads(
+        done.stdout.strip().splitlines()[-1]
+    )
+    assert auto_native == yes_native == ""  # timed natively: nothing to explain
+    assert "skipped: emulated" in auto_emulated and "emulated" in yes_emulated and "timed" in yes_emulated
+    assert no_native == no_emulated and "--bf16 no" in no_native and "emulated" not in no_native
+    fp32_only_native, fp32_only_emulated, both_native, both_emulated = recipe
+    assert fp32_only_native[0] == "fp32" and "trains in bf16 here" in fp32_only_native[1]
+    assert fp32_only_native[1].count("fp32") == 1 and "--bf16 no" in fp32_only_native[1]
+    assert both_native == ["bf16", "as the CPU recipe trains here (bf16)"]
+    assert fp32_only_emulated == both_emulated == ["fp32", "as the CPU recipe trains here (fp32)"]

@@ -131,6 +131,46 @@ def test_decoder_layer_is_post_ln_with_causal_self_attention_and_cross_attention
     torch.testing.assert_close(actual, expected)
 
 
+def test_dropout_sits_where_section_5_4_puts_it():
+    """Training mode, P_drop 0.3: the model's logits equal a float64 reference written from the paper that applies
+    dropout to the sums of embeddings and positional encodings and to each sub-layer's output before its residual
+    addition and layer norm, nowhere else, drawing the masks in the order the paper's forward pass meets them (the
+    CPU mask generator itself is tested below). A dropout left out, added or moved changes the masks or the sums."""
+    from vaswani_transformer.modeling_vaswani_transformer import dropout_keep_mask
+
+    p = 0.3
+    model = tiny_model(dropout=p).double().train()
+    source, target = random_ids(2, 6), random_ids(2, 5, seed=2)
+    torch.manual_seed(7)
+    logits = model(input_ids=source, decoder_input_ids=target).logits
+    torch.manual_seed(7)
+
+    def dropout(x):
+        return x * dropout_keep_mask(x.shape, p, dtype=x.dtype) / (1 - p)
+
+    def embed(ids):
+        return dropout(model.model.shared.weight[ids] * math.sqrt(32) + sinusoidal_position_encoding(ids.shape[1], 32))
+
+    def residual(x, sublayer_output, norm):
+        return reference_layer_norm(x + dropout(sublayer_output), norm)
+
+    everything, causal = torch.ones(6, 6, dtype=torch.bool), torch.tril(torch.ones(5, 5, dtype=torch.bool))
+    with torch.no_grad():
+        memory = embed(source)
+        for layer in model.model.encoder.layers:
+            memory = residual(memory, reference_attention(layer.self_attn, memory, memory, everything),
+                              layer.self_attn_residual.layer_norm)  # fmt: skip
+            memory = residual(memory, reference_ffn(layer.feed_forward, memory), layer.feed_forward_residual.layer_norm)
+        y = embed(target)
+        for layer in model.model.decoder.layers:
+            y = residual(y, reference_attention(layer.self_attn, y, y, causal), layer.self_attn_residual.layer_norm)
+            y = residual(y, reference_attention(layer.encoder_attn, y, memory, torch.ones(5, 6, dtype=torch.bool)),
+                         layer.encoder_attn_residual.layer_norm)  # fmt: skip
+            y = residual(y, reference_ffn(layer.feed_forward, y), layer.feed_forward_residual.layer_norm)
+        expected = y @ model.model.shared.weight.T
+    torch.testing.assert_close(logits, expected)
+
+
 def test_no_final_layer_norm_after_the_stacks():
     """Post-LN: the stack's output is the last layer's output; nothing else is applied."""
     model = tiny_model()
@@ -447,7 +487,7 @@ def test_output_attentions_and_hidden_states_for_every_layer():
     assert out.cross_attentions[0].shape == (2, 4, 4, 6)
     torch.testing.assert_close(out.encoder_attentions[0].sum(-1), torch.ones(2, 4, 6))
     assert torch.all(out.decoder_attentions[1].triu(diagonal=1) == 0)  # causal
-    assert len(out.encoder_hidden_states) >= 3 and len(out.decoder_hidden_states) >= 2
+    assert len(out.encoder_hidden_states) == 3 + 1 and len(out.decoder_hidden_states) == 2 + 1  # embeddings, layers
     torch.testing.assert_close(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
 
 

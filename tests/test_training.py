@@ -1017,6 +1017,13 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     assert sorted(got) == sorted(expected) == list(range(1, 41))
     for s in range(1, 41):
         assert got[s] == pytest.approx(expected[s], abs=1e-6), (s, got[s], expected[s])
+    # it resumed (a run from scratch with the same seed gives the same losses): only the updates after the checkpoint
+    # ran, and the totals are the uninterrupted run's
+    summary = json.loads((out / "training_summary.json").read_text())["summary"]
+    totals = json.loads((tmp_path / "ref" / "training_summary.json").read_text())["summary"]
+    assert summary["updates_this_run"] == 40 - step
+    assert {k: summary[k] for k in ("updates", "target_tokens_seen", "source_tokens_seen")} == \
+        {k: totals[k] for k in ("updates", "target_tokens_seen", "source_tokens_seen")}
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))

@@ -131,22 +131,28 @@ def test_decoder_layer_is_post_ln_with_causal_self_attention_and_cross_attention
     torch.testing.assert_close(actual, expected)
 
 
-def test_dropout_sits_where_section_5_4_puts_it():
+@pytest.mark.parametrize("activation_dropout", [0.0, 0.2])
+def test_dropout_sits_where_section_5_4_puts_it(activation_dropout):
     """Training mode, P_drop 0.3: the model's logits equal a float64 reference written from the paper that applies
     dropout to the sums of embeddings and positional encodings and to each sub-layer's output before its residual
     addition and layer norm, nowhere else, drawing the masks in the order the paper's forward pass meets them (the
-    CPU mask generator itself is tested below). A dropout left out, added or moved changes the masks or the sums."""
+    CPU mask generator itself is tested below). A dropout left out, added or moved changes the masks or the sums.
+    `activation_dropout` (not the paper's; fairseq's) drops the feed-forward network's hidden units, after the ReLU."""
     from vaswani_transformer.modeling_vaswani_transformer import dropout_keep_mask
 
     p = 0.3
-    model = tiny_model(dropout=p).double().train()
+    model = tiny_model(dropout=p, activation_dropout=activation_dropout).double().train()
     source, target = random_ids(2, 6), random_ids(2, 5, seed=2)
     torch.manual_seed(7)
     logits = model(input_ids=source, decoder_input_ids=target).logits
     torch.manual_seed(7)
 
-    def dropout(x):
-        return x * dropout_keep_mask(x.shape, p, dtype=x.dtype) / (1 - p)
+    def dropout(x, p=p):
+        return x * dropout_keep_mask(x.shape, p, dtype=x.dtype) / (1 - p) if p else x
+
+    def ffn(module, x):
+        hidden = dropout(torch.clamp(x @ module.w1.weight.T + module.w1.bias, min=0), activation_dropout)
+        return hidden @ module.w2.weight.T + module.w2.bias
 
     def embed(ids):
         return dropout(model.model.shared.weight[ids] * math.sqrt(32) + sinusoidal_position_encoding(ids.shape[1], 32))
@@ -160,13 +166,13 @@ def test_dropout_sits_where_section_5_4_puts_it():
         for layer in model.model.encoder.layers:
             memory = residual(memory, reference_attention(layer.self_attn, memory, memory, everything),
                               layer.self_attn_residual.layer_norm)  # fmt: skip
-            memory = residual(memory, reference_ffn(layer.feed_forward, memory), layer.feed_forward_residual.layer_norm)
+            memory = residual(memory, ffn(layer.feed_forward, memory), layer.feed_forward_residual.layer_norm)
         y = embed(target)
         for layer in model.model.decoder.layers:
             y = residual(y, reference_attention(layer.self_attn, y, y, causal), layer.self_attn_residual.layer_norm)
             y = residual(y, reference_attention(layer.encoder_attn, y, memory, torch.ones(5, 6, dtype=torch.bool)),
                          layer.encoder_attn_residual.layer_norm)  # fmt: skip
-            y = residual(y, reference_ffn(layer.feed_forward, y), layer.feed_forward_residual.layer_norm)
+            y = residual(y, ffn(layer.feed_forward, y), layer.feed_forward_residual.layer_norm)
         expected = y @ model.model.shared.weight.T
     torch.testing.assert_close(logits, expected)
 

@@ -3,6 +3,7 @@ weights; what `configs/accelerate/fsdp.yaml` does on CPUs, and FSDP's checkpoint
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -102,6 +103,37 @@ def test_two_processes_see_different_batches_and_hold_identical_weights(tmp_path
     assert state["global_step"] == 6
     summary = json.loads((out / "training_summary.json").read_text())["summary"]
     assert summary["num_processes"] == 2 and summary["target_tokens_seen"] > 0
+
+
+@pytest.mark.slow
+def test_two_processes_resumed_inside_a_later_epoch_continue_as_the_uninterrupted_run(tmp_path):
+    """A copy of checkpoint-12 (inside the second epoch) resumed by 2 processes sees, on each rank, the batches the
+    uninterrupted run saw after update 12 and ends with its weights after every update. Before, the token batch
+    sampler behind accelerate's shard wrapper missed transformers' set_epoch after the resume's batch skipping: the
+    rest of that epoch came in epoch 0's order (pairs trained twice, others not at all)."""
+    data = write_fixture(tmp_path / "data", n_train=300)
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+
+    def args(out, *extra):
+        return tiny_args(data, out, "--tokens_per_update", "320", "--num_train_epochs", "2", "--save_steps", "12",
+                         *extra)  # fmt: skip
+
+    result = launch(TWO_CPU_PROCESSES, probe, args(first), timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    state = json.loads((first / "checkpoint-12" / "trainer_state.json").read_text())
+    assert 1 < state["epoch"] < 2, state["epoch"]  # inside the second epoch
+    resumed.mkdir()
+    shutil.copytree(first / "checkpoint-12", resumed / "checkpoint-12")
+    shutil.copytree(first / "tokenizer", resumed / "tokenizer")
+    result = launch(TWO_CPU_PROCESSES, probe, args(resumed, "--resume_from_checkpoint", "latest"), timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    for rank in (0, 1):
+        before, after = (json.loads((out / f"probe_rank{rank}.json").read_text()) for out in (first, resumed))
+        steps_after = len(after["batches"])
+        assert steps_after and after["batches"] == before["batches"][-steps_after:], rank
+        assert after["digests"] == [d for d in before["digests"] if d[0] > 12], rank
 
 
 # Rank 0 alone under a 200 kB file size limit (a full disk on the machine that writes): SIGXFSZ ignored, as a shell's

@@ -586,9 +586,12 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         )
         loader = self.accelerator.prepare(loader)
         # The sampler already gives each rank its own batches: make accelerate's BatchSamplerShard a pass-through.
+        # It has no set_epoch: after a resume's batch skipping wraps it, transformers reaches it, not the sampler
+        # (which would give the rest of a later epoch in epoch 0's order); it passes the epoch on.
         shard = getattr(loader, "batch_sampler", None)
         if shard is not None and getattr(shard, "batch_sampler", None) is self.train_sampler:
             shard.num_processes, shard.process_index = 1, 0
+            shard.set_epoch = self.train_sampler.set_epoch
         return loader
 
     def _get_eval_sampler(self, eval_dataset):

@@ -420,6 +420,28 @@ def test_static_cache_greedy_generate_compiles_as_one_graph_and_equals_dynamic_c
     torch.testing.assert_close(torch.stack(compiled.logits), torch.stack(expected.logits), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_a_copied_model_decodes_with_its_own_weights_in_the_compiled_step(num_beams):
+    """transformers keeps the compiled `__call__` on the model; `copy.deepcopy` copied it, still bound to the original
+    model, so the copy's compiled decoding steps (static cache, `compile_config`) ran the original's weights."""
+    import copy
+
+    model = tiny_model()
+    source = random_ids(2, 6, seed=3)
+    compile_config = CompileConfig(fullgraph=True, backend="eager", mode=None)
+    compile_config._compile_all_devices = True  # transformers compiles only on accelerators unless told so
+    kwargs = dict(input_ids=source, num_beams=num_beams, max_new_tokens=6, min_new_tokens=6)
+    compiled = dict(cache_implementation="static", compile_config=compile_config)
+    assert torch.equal(model.generate(**kwargs, **compiled), model.generate(**kwargs))
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in copied.parameters():
+            parameter.normal_(0, 0.5, generator=torch.Generator().manual_seed(parameter.numel()))
+    plain = copied.generate(**kwargs)
+    assert not torch.equal(plain, model.generate(**kwargs))  # the copy decodes otherwise
+    assert torch.equal(copied.generate(**kwargs, **compiled), plain)
+
+
 def test_cross_attention_keys_and_values_are_computed_once_per_source():
     model = tiny_model()
     calls = []

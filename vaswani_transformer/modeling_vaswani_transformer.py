@@ -768,6 +768,14 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), "AutoModel": base}
         return super().save_pretrained(*args, **kwargs)
 
+    def get_compiled_call(self, compile_config):
+        """transformers' compiled `__call__` of this model, kept on it; a copy's own (`copy.deepcopy` copies the kept
+        one, still bound to the original model, whose weights the copy's compiled decoding steps would then run)."""
+        if self.__dict__.get("_compiled_call_of") != id(self):
+            self.__dict__.pop("_compiled_call", None)
+            self._compiled_call_of = id(self)  # (the original outlives a copy holding its compiled call: no id reuse)
+        return super().get_compiled_call(compile_config)
+
     def generate(self, *args, **kwargs):
         """`VaswaniGenerationMixin.generate` (the paper's beam search by default) with `packed_cpu_weights`."""
         with packed_cpu_weights():

@@ -126,6 +126,23 @@ def test_an_explicit_tie_must_agree_with_share_embeddings_and_follows_its_later_
     assert model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
 
 
+def test_a_keyword_close_to_a_field_name_warns_and_other_extras_stay_quiet(tmp_path, recwarn):
+    """transformers keeps unknown keywords as attributes nothing reads: `encoder_layer=3` built a 6-layer model
+    without a word. A keyword close to a field's name warns, naming the field; the extras configs carry (a run's
+    `custom_pipelines`, decoding settings of old config files) do not."""
+    for typo, field in (("encoder_layer", "encoder_layers"), ("dropout_rate", "dropout"), ("dff", "d_ff")):
+        with pytest.warns(UserWarning, match=rf"unknown field '{typo}' is kept but used by nothing \(a typo of "
+                          rf"'{field}'\?\)"):
+            config = VaswaniTransformerConfig(**{typo: 3})
+        assert getattr(config, field) != 3
+    recwarn.clear()
+    config = VaswaniTransformerConfig(d_model=32, num_heads=4, vocab_size=50, num_beams=5, forced_eos_token_id=2)
+    config.custom_pipelines = {"translation": {}}
+    config.save_pretrained(tmp_path)
+    AutoConfig.from_pretrained(tmp_path)
+    assert not [w for w in recwarn if "unknown field" in str(w.message)]
+
+
 def test_explicit_head_sizes_lift_the_divisibility_rule():
     config = VaswaniTransformerConfig(d_model=500, num_heads=8, d_k=64, d_v=64)
     assert config.head_dim_k == 64

@@ -5,9 +5,13 @@ This file is copied next to the weights by `save_pretrained` for `trust_remote_c
 """
 
 import copy
+import dataclasses
+import difflib
+import functools
+import warnings
 
 from huggingface_hub.dataclasses import strict
-from transformers import PreTrainedConfig
+from transformers import GenerationConfig, PreTrainedConfig
 
 
 # Paper, Table 3. Each preset is a set of changes to the base model ("model") and, separately, to the training
@@ -65,6 +69,11 @@ def preset_training_arguments(name: str) -> dict:
     """The training-recipe values of a preset (label smoothing, steps, warmup): `scripts/train.py` trains with them
     unless a flag or recipe key sets them (`training.preset_training_defaults`)."""
     return {**_BASE_TRAINING, **copy.deepcopy(_preset(name)["training"])}
+
+
+@functools.cache
+def _generation_fields() -> frozenset[str]:
+    return frozenset(GenerationConfig().to_dict())
 
 
 @strict
@@ -125,6 +134,7 @@ class VaswaniTransformerConfig(PreTrainedConfig):
     decoder_start_token_id: int | None = 1
 
     def __post_init__(self, **kwargs):
+        self._warn_about_likely_typos(kwargs)
         # The three-way tie is one switch: `share_embeddings` also ties the output projection.
         if self.tie_word_embeddings is None:
             self.tie_word_embeddings = self.share_embeddings
@@ -135,6 +145,19 @@ class VaswaniTransformerConfig(PreTrainedConfig):
         super().__setattr__(key, value)
         if key == "share_embeddings" and "tie_word_embeddings" in self.__dict__:  # set after construction
             super().__setattr__("tie_word_embeddings", value)
+
+    def _warn_about_likely_typos(self, extra: dict):
+        """A warning for each unknown keyword close to a field's name (`encoder_layer=3`): transformers keeps unknown
+        keywords as attributes that nothing reads (configs on the Hub carry such extras, so they stay allowed)."""
+        known = [f.name for f in dataclasses.fields(self)] + list(self.attribute_map)
+        for key in set(extra) - _generation_fields():  # (decoding settings in old config files: the decoding's)
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
+            if close:
+                warnings.warn(
+                    f"{type(self).__name__}: unknown field {key!r} is kept but used by nothing (a typo of "
+                    f"{close[0]!r}?)",
+                    stacklevel=5,  # the code that built the config
+                )
 
     def check_fields(self):
         """Raise a ValueError naming the field and the rule for every invalid value. Run at construction and by the

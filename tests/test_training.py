@@ -909,6 +909,24 @@ def test_a_run_resumed_with_another_learning_rate_under_a_transformers_schedule_
     assert resumed.rates == pytest.approx({n: 4e-3 * linear(n, 6) for n in resumed.rates}, rel=1e-12)
 
 
+def test_running_a_finished_job_again_with_resume_latest_trains_nothing_more(tmp_path):
+    """A finished run (max_steps 7, not a whole number of epochs) run again with --resume_from_checkpoint latest (a
+    re-queued job): no update past max_steps, the same final weights, no new checkpoint. Before, transformers' loop
+    trained update 8 (and 9 on the next rerun), saved it and averaged it in."""
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out = tmp_path / "out"
+    args = tiny_args(data, out, "--max_steps", "7", "--save_steps", "4", "--resume_from_checkpoint", "latest")
+    run_from_args(args)
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 7 and state["epoch"] != int(state["epoch"]), state["epoch"]  # inside an epoch
+    weights = load_file(out / "model.safetensors")
+    result = run_from_args(args)
+    assert result["summary"]["updates"] == 7 and result["summary"]["updates_this_run"] == 0
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-7"]
+    again = load_file(out / "model.safetensors")
+    assert all(torch.equal(weights[k], again[k]) for k in weights)
+
+
 def test_a_new_run_into_a_folder_with_checkpoints_is_refused_before_anything_is_written(tmp_path, capsys):
     """A run that does not resume refuses an output_dir holding an earlier run's checkpoints (its averaging, rotation
     and a later --resume_from_checkpoint latest would take them for its own) before it trains or writes anything;

@@ -716,10 +716,16 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
     def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
                              trial):  # fmt: skip
         """Resuming restores the checkpoint's trainer state, and with it (in transformers) the logging, evaluation and
-        save intervals it was written with: the intervals given to this run apply instead, as every other flag does."""
+        save intervals it was written with: the intervals given to this run apply instead, as every other flag does.
+        A checkpoint at or past max_steps trains nothing more (transformers' loop would run one more update when
+        max_steps ends inside an epoch: a finished job run again grew by an update each time)."""
         resumed = super()._init_training_state(max_steps, num_update_steps_per_epoch, num_train_epochs,
                                                resume_from_checkpoint, trial)  # fmt: skip
         self.state.compute_steps(self.args, max_steps)
+        if resume_from_checkpoint is not None and max_steps > 0 and self.state.global_step >= max_steps:
+            logger.info("The resumed checkpoint has %d updates, max_steps is %d: nothing more to train.",
+                        self.state.global_step, max_steps)
+            return num_train_epochs, 0  # no epoch left to run
         return resumed
 
     def _issue_warnings_after_load(self, load_result) -> None:

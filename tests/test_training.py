@@ -891,8 +891,8 @@ def test_a_run_resumed_with_another_learning_rate_under_a_transformers_schedule_
     data = write_fixture(tmp_path / "data", n_train=40)
     out, first, resumed = tmp_path / "out", _RecordRates(), _RecordRates()
 
-    def hf_args(rate: str, warmup: str, *extra: str) -> list[str]:
-        args = tiny_args(data, out, "--lr_schedule", "hf", "--learning_rate", rate, "--lr_scheduler_type", "linear",
+    def hf_args(rate: str, warmup: str, *extra: str, output_dir: Path = out) -> list[str]:
+        args = tiny_args(data, output_dir, "--lr_schedule", "hf", "--learning_rate", rate, "--lr_scheduler_type", "linear",
                          "--max_steps", "8", "--save_steps", "4", *extra)  # fmt: skip
         i = args.index("--lr_factor")
         args[args.index("--warmup_steps") + 1] = warmup
@@ -903,7 +903,8 @@ def test_a_run_resumed_with_another_learning_rate_under_a_transformers_schedule_
         return step / warmup if step < warmup else max(0.0, (8 - step) / (8 - warmup))
 
     run_from_args(hf_args("1e-3", "2"), callbacks=[first])
-    run_from_args(hf_args("4e-3", "6", "--resume_from_checkpoint", str(out / "checkpoint-4")), callbacks=[resumed])
+    run_from_args(hf_args("4e-3", "6", "--resume_from_checkpoint", str(out / "checkpoint-4"),
+                          output_dir=tmp_path / "resumed"), callbacks=[resumed])  # fmt: skip
     assert sorted(first.rates) == list(range(1, 9)) and sorted(resumed.rates) == [5, 6, 7, 8]
     assert first.rates == pytest.approx({n: 1e-3 * linear(n, 2) for n in first.rates}, rel=1e-12)
     assert resumed.rates == pytest.approx({n: 4e-3 * linear(n, 6) for n in resumed.rates}, rel=1e-12)
@@ -925,6 +926,26 @@ def test_running_a_finished_job_again_with_resume_latest_trains_nothing_more(tmp
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-7"]
     again = load_file(out / "model.safetensors")
     assert all(torch.equal(weights[k], again[k]) for k in weights)
+
+
+def test_resuming_an_older_checkpoint_beside_newer_ones_is_refused_before_anything_is_written(tmp_path):
+    """Rolling back to checkpoint-2 of a run that went on to checkpoint-6 in the same --output_dir: the newer ones
+    (another branch of training) would be averaged, rotated and resumed as this run's (before: averaged/ was the
+    abandoned branch's checkpoints). Refused naming them; resuming the newest, or into a new folder, is fine."""
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out = tmp_path / "out"
+    run_from_args(tiny_args(data, out, "--max_steps", "6", "--save_steps", "2"))
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    rollback = tiny_args(data, out, "--max_steps", "4", "--save_steps", "2", "--lr_factor", "1",
+                         "--resume_from_checkpoint", str(out / "checkpoint-2"))  # fmt: skip
+    with pytest.raises(ValueError, match=rf"resume_from_checkpoint={re.escape(str(out / 'checkpoint-2'))} is older "
+                       r"than checkpoint-4, checkpoint-6 in --output_dir .*would average, rotate and resume them as "
+                       r"its own.*a new --output_dir"):
+        run_from_args(rollback)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    elsewhere = tiny_args(data, tmp_path / "branch", "--max_steps", "4", "--save_steps", "2",
+                          "--resume_from_checkpoint", str(out / "checkpoint-2"))  # fmt: skip
+    assert run_from_args(elsewhere)["summary"]["updates_this_run"] == 2
 
 
 def test_a_new_run_into_a_folder_with_checkpoints_is_refused_before_anything_is_written(tmp_path, capsys):

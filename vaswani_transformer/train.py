@@ -49,7 +49,13 @@ from transformers import (
 )
 
 from .card import trainer_metric_reports, training_info_from_trainer, training_info_of_model
-from .checkpoints import NOT_RESUMING, average_last_checkpoints, find_checkpoints, resolve_resume_checkpoint
+from .checkpoints import (
+    NOT_RESUMING,
+    average_last_checkpoints,
+    checkpoint_step,
+    find_checkpoints,
+    resolve_resume_checkpoint,
+)
 from .cli import did_you_mean, output_path_problem, unknown_arguments_message
 from .configuration_vaswani_transformer import VaswaniTransformerConfig, preset_training_arguments
 from .data import (
@@ -666,6 +672,7 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
     elif training_args.do_train:  # the newest complete checkpoint is found (and a broken one moved aside) by rank 0
         resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir,
                                            quarantine=training_args.process_index == 0)
+        refuse_newer_checkpoints(training_args.output_dir, resume)
     prepare_kernels(training_args.device, training_args.keep_freed_cpu_memory)
     if training_args.process_index == 0 and (warning := idle_cpu_cores_warning(training_args.device,
                                                                              training_args.world_size)):
@@ -822,6 +829,32 @@ def refuse_earlier_checkpoints(output_dir: str) -> None:
         "rotate and resume them as its own. Train into a new --output_dir, continue that run with "
         "--resume_from_checkpoint latest, or delete its checkpoint-* folders."
     )
+
+
+def refuse_newer_checkpoints(output_dir: str, resume: str | None) -> None:
+    """ValueError, on every process alike (rank 0's file system decides), when the resumed checkpoint is older than
+    ``checkpoint-*`` folders in output_dir: another branch of training, which averaging, save_total_limit's rotation
+    and a later ``--resume_from_checkpoint latest`` would take for this run's."""
+    step = _checkpoint_global_step(resume) if resume is not None else None
+    found = find_checkpoints(output_dir) if step is not None and os.path.isdir(output_dir) else []
+    newer = [p for p in found if checkpoint_step(p) > step and Path(p).resolve() != Path(resume).resolve()]
+    if not rank0_decides(bool(newer)):
+        return
+    names = ", ".join(p.name for p in newer[-3:]) if newer else "newer checkpoint-* folders"
+    raise ValueError(
+        f"resume_from_checkpoint={resume} is older than {names} in --output_dir {output_dir}: training on from it "
+        "there would average, rotate and resume them as its own. Resume into a new --output_dir (the checkpoint "
+        "stays where it is), or delete the newer checkpoint-* folders to go back."
+    )
+
+
+def _checkpoint_global_step(checkpoint: str) -> int | None:
+    """The update a checkpoint was saved at: its folder's number, else its trainer_state.json's global_step."""
+    step = checkpoint_step(checkpoint)
+    state = Path(checkpoint, "trainer_state.json")
+    if step is None and state.is_file():
+        step = json.loads(state.read_text(encoding="utf-8")).get("global_step")
+    return step
 
 
 def _final_step_eval(trainer) -> dict[str, float] | None:

@@ -1,5 +1,8 @@
 """textio, the one reader and writer of text lines: UTF-8 errors named by file and line, BOM, line breaks."""
 
+import contextlib
+import io
+import os
 import subprocess
 import sys
 
@@ -12,6 +15,7 @@ from vaswani_transformer.textio import (
     TextFileError,
     count_lines,
     drop_partial_line,
+    is_same_file,
     iter_text_files,
     one_line,
     read_lines,
@@ -98,3 +102,29 @@ def test_line_writer_appends_whole_lines_and_a_partial_last_line_is_cut(tmp_path
     assert drop_partial_line(big) == 200_000 and big.read_bytes() == b"x\n"
     big.write_bytes(b"z" * 70_000)
     assert drop_partial_line(big) == 70_000 and big.read_bytes() == b""
+
+
+def test_standard_streams_without_a_byte_layer_keep_the_line_rules(monkeypatch):
+    # redirect_stdout(io.StringIO()), a StringIO stdin, Jupyter: no .buffer; the same lines as through bytes
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\ufeffeins\r\n\n Grüße \u2028x\nletzte"))
+    assert read_lines("-") == (["eins", "", " Grüße \u2028x", "letzte"], "<stdin>")
+    written = io.StringIO()
+    with contextlib.redirect_stdout(written):
+        assert write_lines(["a\nb", "", "Grüße\r\n"]) == 3
+        with LineWriter("-") as writer:
+            writer.write(["c"])
+    assert written.getvalue() == "a b\n\nGrüße \nc\n"
+
+
+def test_an_output_is_the_input_when_it_is_the_same_regular_file(tmp_path, monkeypatch):
+    source = tmp_path / "in.txt"
+    source.write_text("a\n", encoding="utf-8")
+    (tmp_path / "link.txt").symlink_to(source)
+    os.link(source, tmp_path / "hard.txt")
+    for output in (source, tmp_path / "link.txt", tmp_path / "hard.txt", tmp_path / "x" / ".." / "in.txt"):
+        assert is_same_file(source, output) and is_same_file(output, source)
+    assert not is_same_file(source, tmp_path / "other.txt") and not is_same_file(source, "-")
+    assert not is_same_file(os.devnull, os.devnull)  # a device (a terminal, /dev/stdin to /dev/stdout) is no clash
+    with open(source, "rb") as stdin:  # `... --output in.txt < in.txt`
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert is_same_file("-", source) and not is_same_file("-", tmp_path / "other.txt")

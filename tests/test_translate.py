@@ -1,9 +1,13 @@
 """translate_lines and vaswani-translate (scripts/translate.py): line for line, empty lines, truncation, bad input
 named by line."""
 
+import contextlib
+import io
 import json
+import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -207,6 +211,109 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, saved, capsys):
     for extra in (["--dtype", "bf16"], ["--window", "10"], ["--resume", "--output", str(output)]):
         assert main(["--model_name_or_path", str(folder), "--input", str(source), "--engine", "ctranslate2", *extra]) == 1
         assert f"error: {extra[0]} need --engine transformers" in capsys.readouterr().err
+
+
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, saved, capsys, monkeypatch):
+    # Opening the output emptied the input before a line was read: exit 0, an empty file (--resume: nothing done).
+    folder, model, tokenizer = saved
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    content = source.read_bytes()
+    (tmp_path / "link.txt").symlink_to(source)
+    os.link(source, tmp_path / "hard.txt")
+    for output in (source, tmp_path / "link.txt", tmp_path / "hard.txt", tmp_path / "sub" / ".." / "in.txt"):
+        for resume in ([], ["--resume"]):
+            assert main(["--model", str(folder), "--input", str(source), "--output", str(output), *resume]) == 1
+            assert capsys.readouterr().err == (f"error: --output {output} is the same file as --input {source}: "
+                                               "writing it would destroy the input; write to another file.\n")
+        with pytest.raises(ValueError, match="is the same file as"):  # the library function refuses it too
+            translate_file(model, tokenizer, source, output)
+    with open(source, "rb") as stdin:  # `vaswani-translate --output in.txt < in.txt`
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert main(["--model", str(folder), "--output", str(source)]) == 1
+    assert "is the same file as standard input" in capsys.readouterr().err
+    assert source.read_bytes() == content
+
+
+def test_an_input_that_changes_while_translated_is_an_error_not_a_short_output(tmp_path, saved):
+    folder, model, tokenizer = saved
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text(SOURCES[0] + "\n" + "\n" * 200_000, encoding="utf-8")  # longer than any read buffer
+
+    class EmptyTheInput(logging.Handler):
+        def emit(self, record):  # at line 1's truncation warning, another program empties the input
+            source.write_bytes(b"")
+
+    handler = EmptyTheInput()
+    logging.getLogger("vaswani_transformer.translate").addHandler(handler)
+    try:
+        with pytest.raises(ValueError, match=r"in.txt: \d+ lines read \(200001 when the run began\) but \d+ in "
+                                             r".*out.txt: the input changed while it was translated"):  # fmt: skip
+            translate_file(model, tokenizer, source, output, max_source_length=2, show_progress=False)
+    finally:
+        logging.getLogger("vaswani_transformer.translate").removeHandler(handler)
+
+
+def test_standard_streams_without_a_byte_layer_are_read_and_written_as_text(saved, monkeypatch):
+    # contextlib.redirect_stdout(io.StringIO()) and Jupyter give streams without .buffer
+    folder, model, tokenizer = saved
+    lines = [SOURCES[0], "", "Grüße aus Köln — 東京 😀", SOURCES[4]]
+    expected = [one_line(t) for t in translate_lines(model, tokenizer, lines)]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\ufeff" + "\r\n".join(lines)))  # a BOM, CRLF, no final break
+    written = io.StringIO()
+    with contextlib.redirect_stdout(written):
+        assert translate_file(model, tokenizer, "-", None, show_progress=False) == len(lines)
+    assert written.getvalue() == "".join(t + "\n" for t in expected)
+
+
+def test_generate_returning_a_dict_translates_as_it_does_returning_ids(tmp_path, saved):
+    folder, model, tokenizer = saved
+    plain = translate_lines(model, tokenizer, LINES, max_tokens=30)
+    assert len(set(plain)) > 2
+    assert translate_lines(model, tokenizer, LINES, max_tokens=30, return_dict_in_generate=True,
+                           output_scores=True) == plain  # fmt: skip
+    # a model folder whose generation config asks for it
+    shutil.copytree(folder, tmp_path / "model")
+    config = json.loads((tmp_path / "model" / "generation_config.json").read_text(encoding="utf-8"))
+    config["return_dict_in_generate"] = True
+    (tmp_path / "model" / "generation_config.json").write_text(json.dumps(config), encoding="utf-8")
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    assert main(["--model", str(tmp_path / "model"), "--input", str(source), "--output", str(output),
+                 "--max_tokens", "30", "--no-progress"]) == 0  # fmt: skip
+    assert output.read_text(encoding="utf-8").split("\n") == [one_line(t) for t in plain] + [""]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes need POSIX")
+def test_a_pipe_as_input_is_read_once_like_stdin_and_resumes(tmp_path, saved, capsys, caplog):
+    # `--input <(cat in.txt)`, `--input /dev/stdin`: a pipe was "no such file" (and counting its lines first would
+    # have consumed it)
+    folder, model, tokenizer = saved
+    source, fifo, output = tmp_path / "in.txt", tmp_path / "fifo", tmp_path / "out.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    expected = [one_line(t) for t in translate_lines(model, tokenizer, LINES)]
+    os.mkfifo(fifo)
+    for resume in ([], ["--resume"]):
+        if resume:  # an output holding the first 3 translations: the first 3 lines the pipe delivers are skipped
+            output.write_text("".join(t + "\n" for t in expected[:3]), encoding="utf-8")
+        writer = subprocess.Popen(["sh", "-c", 'cat "$0" > "$1"', str(source), str(fifo)])
+        try:
+            assert main(["--model", str(folder), "--input", str(fifo), "--output", str(output), *resume,
+                         "--no-progress"]) == 0, capsys.readouterr().err  # fmt: skip
+            assert writer.wait(timeout=60) == 0
+        finally:
+            writer.kill()
+        assert output.read_text(encoding="utf-8").split("\n") == expected + [""]
+    assert f"translating from line 4 of {fifo}" in caplog.text
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_input_is_named_before_the_model_loads(tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("a\n", encoding="utf-8")
+    source.chmod(0)
+    assert main(["--model", str(tmp_path / "no-model"), "--input", str(source)]) == 1  # a traceback before
+    assert capsys.readouterr().err == f"error: --input {source}: no permission to read it.\n"
 
 
 def _wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: float = 240) -> None:

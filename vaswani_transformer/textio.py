@@ -3,6 +3,9 @@
 - A line is its text without the line break (`\\n`, `\\r\\n`); empty lines stay, as "".
 - A UTF-8 byte order mark opening a file (or stdin) is not text: it is dropped.
 - Invalid UTF-8 is a `TextFileError` (a ValueError) naming the file and line: `train.de:3: invalid UTF-8 (...)`.
+- Any readable path that is not a directory is a text file, pipes included (`<(cat f)`, `/dev/stdin`): read once,
+  in order. A standard stream without a byte layer (`redirect_stdout(io.StringIO())`, Jupyter) is read and written
+  as text, by the same line rules.
 - Writing puts one text per line: line breaks inside a text become spaces (`one_line`), so line N of the output
   always belongs to line N of the input.
 - Streaming: `LineWriter` writes lines as they are done (each call one write of whole lines, then a flush), and
@@ -13,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -36,24 +40,26 @@ def is_stdio(path: PathLike | None) -> bool:
     return path is None or os.fspath(path) == "-"
 
 
-def decode_line(raw: bytes, name: PathLike, line_number: int) -> str:
-    """One line of UTF-8 bytes as text without its line break (and without a BOM opening line 1)."""
+def decode_line(raw: bytes | str, name: PathLike, line_number: int) -> str:
+    """One line of UTF-8 bytes (or text, from a text-only stream) as text without its line break (and without a BOM
+    opening line 1)."""
     try:
-        text = raw.decode("utf-8").rstrip("\r\n")
+        text = (raw.decode("utf-8") if isinstance(raw, bytes) else raw).rstrip("\r\n")
     except UnicodeDecodeError as err:
         raise TextFileError(f"{name}:{line_number}: invalid UTF-8 ({err.reason} at byte {err.start}).") from None
     return text[1:] if line_number == 1 and text.startswith(_BOM) else text
 
 
 def iter_lines(path: PathLike | None) -> Iterator[str]:
-    """The lines of a UTF-8 text file, read lazily; None or "-" reads stdin."""
+    """The lines of a UTF-8 text file (or pipe), read lazily; None or "-" reads stdin."""
     if is_stdio(path):
-        for number, raw in enumerate(sys.stdin.buffer, start=1):
+        # bytes where stdin has them (UTF-8 whatever the locale); a text-only stream (io.StringIO, Jupyter) as text
+        for number, raw in enumerate(getattr(sys.stdin, "buffer", sys.stdin), start=1):
             yield decode_line(raw, STDIN_NAME, number)
         return
     if os.path.isdir(path):
         raise DirectoryNotFileError(f"{path} is a directory, not a text file.")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file.")
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
@@ -81,6 +87,29 @@ def count_lines(path: PathLike) -> int:
     return n + (last != b"\n")
 
 
+def is_regular_file(path: PathLike | None) -> bool:
+    """True for a regular file (not stdin, a pipe or a device): one that can be counted first and read again."""
+    return not is_stdio(path) and os.path.isfile(path)
+
+
+def _stat(path: PathLike | None, stream) -> os.stat_result | None:
+    """os.stat of `path`, or of `stream` (stdin, stdout) for None or "-"; None where there is none to take."""
+    try:
+        return os.fstat(stream.fileno()) if is_stdio(path) else os.stat(path)
+    except (OSError, AttributeError, ValueError):  # a missing file, a closed stream, one without a file descriptor
+        return None
+
+
+def is_same_file(input_path: PathLike | None, output_path: PathLike | None) -> bool:
+    """True when writing `output_path` would overwrite the regular file read as `input_path`: the same path, a link
+    to it, or stdin/stdout ("-") redirected from/to it (a terminal or pipe read and written is no such clash)."""
+    read, written = _stat(input_path, sys.stdin), _stat(output_path, sys.stdout)
+    if read is None or written is None:
+        return (not is_stdio(input_path) and not is_stdio(output_path)
+                and os.path.realpath(input_path) == os.path.realpath(output_path))  # fmt: skip
+    return os.path.samestat(read, written) and stat.S_ISREG(read.st_mode)
+
+
 def one_line(text: str) -> str:
     """`text` with its line breaks (\\r\\n, \\n, \\r) turned into spaces, so that it stays one line."""
     return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
@@ -89,13 +118,15 @@ def one_line(text: str) -> str:
 class LineWriter:
     """Writes texts one per line (`one_line`, UTF-8) to a file (parents created; `append=True` continues it) or to
     stdout (None or "-"), as they come: each `write` is one write of whole lines followed by a flush, so what was
-    written is on disk (or in the pipe) even if the process dies right after. `lines`: how many this writer wrote."""
+    written is on disk (or in the pipe) even if the process dies right after. `lines`: how many this writer wrote.
+    A stdout without a byte layer (`redirect_stdout(io.StringIO())`, Jupyter) gets the text itself."""
 
     def __init__(self, path: PathLike | None = None, append: bool = False):
-        self.path, self.lines = path, 0
+        self.path, self.lines, self._text = path, 0, False
         if is_stdio(path):
             sys.stdout.flush()
-            self._file, self._close = sys.stdout.buffer, False
+            self._text = not hasattr(sys.stdout, "buffer")
+            self._file, self._close = sys.stdout if self._text else sys.stdout.buffer, False
         else:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._file, self._close = open(path, "ab" if append else "wb"), True
@@ -104,7 +135,8 @@ class LineWriter:
         """Write `texts` as lines and flush; returns how many."""
         texts = [one_line(text) for text in texts]
         if texts:
-            self._file.write("".join(text + "\n" for text in texts).encode("utf-8"))
+            data = "".join(text + "\n" for text in texts)
+            self._file.write(data if self._text else data.encode("utf-8"))
             self._file.flush()
             self.lines += len(texts)
         return len(texts)
@@ -156,6 +188,8 @@ __all__ = [
     "count_lines",
     "decode_line",
     "drop_partial_line",
+    "is_regular_file",
+    "is_same_file",
     "is_stdio",
     "iter_lines",
     "iter_text_files",

@@ -39,7 +39,16 @@ from . import cli
 from .checkpoints import load_trained_model
 from .data import TokenBatchSampler
 from .pipeline import source_length_limit, truncate_source
-from .textio import STDIN_NAME, LineWriter, count_lines, drop_partial_line, is_stdio, iter_lines
+from .textio import (
+    STDIN_NAME,
+    LineWriter,
+    count_lines,
+    drop_partial_line,
+    is_regular_file,
+    is_same_file,
+    is_stdio,
+    iter_lines,
+)
 from .tokenization import check_vocabulary_fits
 
 
@@ -216,6 +225,8 @@ def iter_translation_chunks(
                     inputs = tokenizer.pad({"input_ids": [ids_by_line[i] for i in rows]}, return_tensors="pt")
                     inputs = {k: v.to(model.device) for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
                     output = model.generate(**inputs, **generate_kwargs)
+                if not isinstance(output, torch.Tensor):  # return_dict_in_generate: a ModelOutput with .sequences
+                    output = output.sequences
                 num_return = output.shape[0] // len(rows)
                 texts = tokenizer.batch_decode(output, skip_special_tokens=True)
                 for k, i in enumerate(rows):
@@ -305,20 +316,32 @@ def translate_file(
     resume: bool = False,
     **kwargs,
 ) -> int:
-    """Translate a file (or stdin) line for line into a file (or stdout), streaming: windows of lines are read,
-    translated and written as they finish (`iter_translations`), each write flushed. Returns the number of lines the
-    output holds, which always equals the number read. Line breaks inside a translation become spaces.
+    """Translate a file (or stdin, or a pipe) line for line into a file (or stdout), streaming: windows of lines are
+    read, translated and written as they finish (`iter_translations`), each write flushed. Returns the number of
+    lines the output holds, which always equals the number read (otherwise a ValueError: the input changed while it
+    was read). Line breaks inside a translation become spaces. An output that is the input file is a ValueError.
 
     resume: continue an output file that holds the first K translations (a partial last line is cut off first):
-    skip the first K input lines and append. KeyboardInterrupt (Ctrl-C, or the signals `main` turns into it) becomes
-    `TranslationInterrupted`, saying how many lines the output holds. kwargs go to `iter_translations`."""
+    skip the first K input lines (of a pipe too: the first K it delivers) and append. KeyboardInterrupt (Ctrl-C, or
+    the signals `main` turns into it) becomes `TranslationInterrupted`, saying how many lines the output holds.
+    kwargs go to `iter_translations`."""
     name = STDIN_NAME if is_stdio(input_path) else os.fspath(input_path)
     output_name = "standard output" if is_stdio(output_path) else os.fspath(output_path)
+    if is_same_file(input_path, output_path):
+        raise ValueError(same_file_problem(input_path, output_path))
     skip = prepare_resume(output_path) if resume else 0
-    total = None if is_stdio(input_path) else count_lines(input_path)
+    total = count_lines(input_path) if is_regular_file(input_path) else None  # a pipe can be read only once
     if total is not None and skip > total:
         raise ValueError(f"--resume: {output_name} holds {skip} lines but {name} only {total}: not its translation.")
-    lines = iter_lines(input_path)
+    read = 0
+
+    def counted(lines: Iterable[str]) -> Iterator[str]:
+        nonlocal read
+        for line in lines:
+            read += 1
+            yield line
+
+    lines = counted(iter_lines(input_path))
     skipped = sum(1 for _ in itertools.islice(lines, skip))
     if skipped < skip:
         raise ValueError(f"--resume: {output_name} holds {skip} lines but {name} only {skipped}: not its translation.")
@@ -337,7 +360,12 @@ def translate_file(
         raise TranslationInterrupted(getattr(stop, "signum", signal.SIGINT), written, total, output_name) from None
     finally:
         writer.close()
-    return skip + writer.lines
+    written = skip + writer.lines
+    if written != read or (total is not None and read != total):  # one output line per input line, or an error
+        began = f" ({total} when the run began)" if total is not None else ""
+        raise ValueError(f"{name}: {read} lines read{began} but {written} in {output_name}: the input changed while "
+                         "it was translated (is something writing to it?); translate it again.")
+    return written
 
 
 # -------------------------------------------------------------------------------------------- command line
@@ -403,9 +431,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def same_file_problem(input_path, output_path) -> str:
+    """The error for an output that is the input file (writing it would empty the input before it is read)."""
+    read = "standard input" if is_stdio(input_path) else f"--input {os.fspath(input_path)}"
+    written = "standard output" if is_stdio(output_path) else f"--output {os.fspath(output_path)}"
+    return f"{written} is the same file as {read}: writing it would destroy the input; write to another file."
+
+
 def check_input_output(input_path: str, output_path: str, resume: bool = False) -> str | None:
-    """Why ``--input``/``--output`` cannot be used (a closed standard stream, a missing file, a directory, --resume
-    without an output file), or None; checked before the model loads."""
+    """Why ``--input``/``--output`` cannot be used (a closed standard stream, a missing or unreadable file, a
+    directory, an output that is the input, --resume without an output file), or None; checked before the model
+    loads. A pipe (`<(cat f)`, /dev/stdin) is an input like stdin."""
     if is_stdio(input_path) and sys.stdin is None:
         return "standard input is closed: pipe the sentences in or give --input FILE."
     if is_stdio(output_path) and sys.stdout is None:
@@ -413,8 +449,12 @@ def check_input_output(input_path: str, output_path: str, resume: bool = False) 
     if not is_stdio(input_path):
         if os.path.isdir(input_path):
             return f"--input {input_path} is a directory, not a text file."
-        if not os.path.isfile(input_path):
+        if not os.path.exists(input_path):
             return f"--input {input_path}: no such file."
+        if not os.access(input_path, os.R_OK):
+            return f"--input {input_path}: no permission to read it."
+    if is_same_file(input_path, output_path):
+        return same_file_problem(input_path, output_path)
     if not is_stdio(output_path) and os.path.isdir(output_path):
         return f"--output {output_path} is a directory, not a file."
     if not is_stdio(output_path) and (problem := cli.output_path_problem(output_path, "--output")):

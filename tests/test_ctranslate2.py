@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -241,6 +242,26 @@ def test_bad_input_is_a_clear_error(trained, tmp_path):
     tokenizer.save_pretrained(tmp_path / "dv")
     with pytest.raises(ValueError, match="CTranslate2 needs d_k == d_v; this model has d_k=8, d_v=16"):
         export_ctranslate2(str(tmp_path / "dv"), str(tmp_path / "out"))
+
+
+def test_max_source_length_below_1_is_refused_as_by_our_engine(trained, tmp_path, capsys):
+    # 0 became the export's position table and -3 cut every source, where our engine refuses both
+    from vaswani_transformer.translate import main as translate_main
+
+    *_, folder = trained
+    translator, tokenizer, defaults = load_translator(str(folder / "float32"), intra_threads=1)
+    (tmp_path / "in.txt").write_text("a b c\n", encoding="utf-8")
+    for bad in (0, -3):
+        message = f"max_source_length must be at least 1 (the </s> token), got {bad}."
+        for max_positions in (None, defaults["max_positions"]):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                translate_lines_ctranslate2(translator, tokenizer, ["a b c"], max_source_length=bad,
+                                            max_positions=max_positions)  # fmt: skip
+        for engine, model in (("ctranslate2", "float32"), ("transformers", "model")):
+            argv = ["--engine", engine, "--model", str(folder / model), "--input", str(tmp_path / "in.txt"), "--output",
+                    str(tmp_path / "out.txt"), "--max_source_length", str(bad), "--no-progress"]  # fmt: skip
+            assert translate_main(argv) == 1
+            assert f"error: {message}" in capsys.readouterr().err
 
 
 def test_export_script(trained, tmp_path, capsys):

@@ -25,6 +25,7 @@ from . import cli
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
 from .data import TokenBatchSampler
 from .modeling_vaswani_transformer import VaswaniTransformerForConditionalGeneration
+from .pipeline import source_length_limit
 from .textio import read_lines, write_lines
 
 
@@ -335,8 +336,9 @@ def translate_lines_ctranslate2(
     `max_source_length` tokens (keeping `</s>`) with a warning naming the line, or refused with `strict`.
     `max_positions` (`load_translator`'s defaults) is the export's position table: a lower source limit, and the
     most tokens decoding may generate (as learned positions limit our own `translate_lines`)."""
+    max_source_length = source_length_limit(None, max_source_length)  # at least 1, as our engine's (no config)
     if max_positions is not None:
-        max_source_length = min(max_source_length or max_positions, max_positions)
+        max_source_length = min(max_source_length if max_source_length is not None else max_positions, max_positions)
     lines = list(lines)
     outputs = [""] * len(lines)
     todo = [i for i, line in enumerate(lines) if line.strip()]

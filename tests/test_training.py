@@ -948,6 +948,26 @@ def test_resuming_an_older_checkpoint_beside_newer_ones_is_refused_before_anythi
     assert run_from_args(elsewhere)["summary"]["updates_this_run"] == 2
 
 
+def test_resuming_with_other_batching_warns_that_the_epoch_is_not_continued_exactly(tmp_path, caplog):
+    """max_tokens_per_batch changed on resume: transformers skips as many batches of the new order as the checkpoint
+    trained, so part of the epoch is trained twice or not at all (before: without a word). A warning names the
+    change; resuming with the same settings does not warn."""
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out = tmp_path / "out"
+    run_from_args(tiny_args(data, out, "--max_steps", "3", "--save_steps", "3"))
+    for tokens, warned in (("160", False), ("240", True)):
+        caplog.clear()
+        args = tiny_args(data, out, "--max_steps", "4", "--save_steps", "4", "--resume_from_checkpoint", "latest")
+        args[args.index("--max_tokens_per_batch") + 1] = tokens
+        with caplog.at_level(logging.WARNING, logger="vaswani_transformer.trainer"):
+            run_from_args(args)
+        messages = [r.getMessage() for r in caplog.records if "Resumed with other batching" in r.getMessage()]
+        assert bool(messages) == warned, (tokens, messages)
+        if warned:
+            assert "(max_tokens_per_batch 160 -> 240)" in messages[0]
+        shutil.rmtree(out / "checkpoint-4")  # resume checkpoint-3 again
+
+
 def test_a_new_run_into_a_folder_with_checkpoints_is_refused_before_anything_is_written(tmp_path, capsys):
     """A run that does not resume refuses an output_dir holding an earlier run's checkpoints (its averaging, rotation
     and a later --resume_from_checkpoint latest would take them for its own) before it trains or writes anything;

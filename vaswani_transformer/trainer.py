@@ -404,9 +404,12 @@ class TrainingTotalsCallback(TrainerCallback, ExportableState):
     """Source and target tokens trained on and training wall time since update 1, summed over processes: kept in
     every checkpoint's ``trainer_state.json`` (``stateful_callbacks``) and read back on resume, so that totals stay
     totals across resumes (like ``global_step``). ``at_start`` holds the totals when this run began: None when the
-    resumed checkpoint did not record them (then only this run's figures are known)."""
+    resumed checkpoint did not record them (then only this run's figures are known). ``batching`` (tokens per batch,
+    accumulation, processes) is kept too: resumed with others, a warning says that the resumed epoch's batches are
+    not the checkpoint's (transformers skips as many batches of the new order as the checkpoint had trained)."""
 
-    def __init__(self):
+    def __init__(self, batching: dict[str, Any] | None = None):
+        self.batching = batching
         self.source, self.target = 0, 0
         self.at_start: dict[str, Any] | None = {"source": 0, "target": 0, "seconds": 0.0}
         self.start_step = 0
@@ -418,7 +421,8 @@ class TrainingTotalsCallback(TrainerCallback, ExportableState):
 
     def state(self) -> dict:
         seconds = (self.at_start or {}).get("seconds", 0.0) + self.run_seconds()
-        return {"args": {}, "attributes": {"source": self.source, "target": self.target, "seconds": round(seconds, 3)}}
+        attributes = {"source": self.source, "target": self.target, "seconds": round(seconds, 3)}
+        return {"args": {}, "attributes": {**attributes, **({"batching": self.batching} if self.batching else {})}}
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.run_start, self.start_step = None, state.global_step
@@ -430,6 +434,15 @@ class TrainingTotalsCallback(TrainerCallback, ExportableState):
         saved = (state.stateful_callbacks or {}).get(type(self).__name__)
         saved = saved[0] if isinstance(saved, list) and saved else saved
         attributes = saved.get("attributes", {}) if isinstance(saved, dict) else {}
+        before = attributes.get("batching")
+        if before and self.batching and before != self.batching:
+            changed = ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in self.batching.items() if before.get(k) != v)
+            logger.warning(
+                "Resumed with other batching than the checkpoint was trained with (%s): the rest of its epoch is "
+                "cut from the new batches (as many skipped as the checkpoint had trained), so some pairs of that "
+                "epoch are trained twice or not at all. Resume with the checkpoint's settings to continue it exactly.",
+                changed,
+            )
         if {"source", "target", "seconds"} <= attributes.keys():
             self.source, self.target = int(attributes["source"]), int(attributes["target"])
             self.at_start = {"source": self.source, "target": self.target, "seconds": float(attributes["seconds"])}
@@ -475,7 +488,11 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         super().__init__(*args, **kwargs)
         self.max_tokens_per_batch = max_tokens_per_batch
         self.train_sampler = None
-        self.add_callback(TrainingTotalsCallback())
+        self.add_callback(TrainingTotalsCallback(batching={
+            "max_tokens_per_batch": max_tokens_per_batch,
+            "gradient_accumulation_steps": self.args.gradient_accumulation_steps,
+            "num_processes": self.args.world_size,
+        }))  # fmt: skip
         if getattr(self.args, "save_every_minutes", None):
             self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))
         if getattr(self.args, "max_train_minutes", None):

@@ -668,11 +668,12 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                     training_args.gradient_accumulation_steps)
     resume = None
     if training_args.do_train and training_args.resume_from_checkpoint in NOT_RESUMING:
-        refuse_earlier_checkpoints(training_args.output_dir)  # before anything is written there
+        refuse_other_checkpoints(training_args.output_dir)  # before anything is written there
     elif training_args.do_train:  # the newest complete checkpoint is found (and a broken one moved aside) by rank 0
         resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir,
                                            quarantine=training_args.process_index == 0)
-        refuse_newer_checkpoints(training_args.output_dir, resume)
+        if resume is not None:
+            refuse_other_checkpoints(training_args.output_dir, resume)
     prepare_kernels(training_args.device, training_args.keep_freed_cpu_memory)
     if training_args.process_index == 0 and (warning := idle_cpu_cores_warning(training_args.device,
                                                                              training_args.world_size)):
@@ -816,31 +817,24 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
     return result
 
 
-def refuse_earlier_checkpoints(output_dir: str) -> None:
-    """ValueError, on every process alike (rank 0's file system decides), when a run that does not resume would train
-    into an output_dir holding ``checkpoint-*`` folders: averaging, save_total_limit's rotation and a later
-    ``--resume_from_checkpoint latest`` would take an earlier run's checkpoints for this run's."""
+def refuse_other_checkpoints(output_dir: str, resume: str | None = None) -> None:
+    """ValueError, on every process alike (rank 0's file system decides), when output_dir holds ``checkpoint-*``
+    folders of other training: any, for a run that does not resume (an earlier run's); newer than the checkpoint
+    ``resume``, for one that does (another branch of training). Averaging, save_total_limit's rotation and a later
+    ``--resume_from_checkpoint latest`` would take them for this run's."""
     found = find_checkpoints(output_dir) if os.path.isdir(output_dir) else []
+    if resume is not None:
+        step = _checkpoint_global_step(resume)
+        found = [p for p in found if step is not None and checkpoint_step(p) > step]
     if not rank0_decides(bool(found)):
         return
     names = ", ".join(p.name for p in found[-3:]) if found else "checkpoint-* folders"
-    raise ValueError(
-        f"--output_dir {output_dir} holds checkpoints of an earlier run ({names}); a new run there would average, "
-        "rotate and resume them as its own. Train into a new --output_dir, continue that run with "
-        "--resume_from_checkpoint latest, or delete its checkpoint-* folders."
-    )
-
-
-def refuse_newer_checkpoints(output_dir: str, resume: str | None) -> None:
-    """ValueError, on every process alike (rank 0's file system decides), when the resumed checkpoint is older than
-    ``checkpoint-*`` folders in output_dir: another branch of training, which averaging, save_total_limit's rotation
-    and a later ``--resume_from_checkpoint latest`` would take for this run's."""
-    step = _checkpoint_global_step(resume) if resume is not None else None
-    found = find_checkpoints(output_dir) if step is not None and os.path.isdir(output_dir) else []
-    newer = [p for p in found if checkpoint_step(p) > step and Path(p).resolve() != Path(resume).resolve()]
-    if not rank0_decides(bool(newer)):
-        return
-    names = ", ".join(p.name for p in newer[-3:]) if newer else "newer checkpoint-* folders"
+    if resume is None:
+        raise ValueError(
+            f"--output_dir {output_dir} holds checkpoints of an earlier run ({names}); a new run there would average, "
+            "rotate and resume them as its own. Train into a new --output_dir, continue that run with "
+            "--resume_from_checkpoint latest, or delete its checkpoint-* folders."
+        )
     raise ValueError(
         f"resume_from_checkpoint={resume} is older than {names} in --output_dir {output_dir}: training on from it "
         "there would average, rotate and resume them as its own. Resume into a new --output_dir (the checkpoint "
@@ -967,7 +961,7 @@ __all__ = [
     "parse_config_overrides",
     "prepare_kernels",
     "preset_training_defaults",
-    "refuse_earlier_checkpoints",
+    "refuse_other_checkpoints",
     "run_from_args",
     "run_training",
     "truncate_long_sources",

@@ -120,7 +120,8 @@ class ModelArguments:
     )
     tokenizer_vocab_size: int = field(
         default=37000,
-        metadata={"help": "Size of a newly trained shared vocabulary (the flag with tokenizer_name is an error)."},
+        metadata={"help": "Size of a newly trained shared vocabulary (the flag with tokenizer_name or "
+                          "model_name_or_path, whose tokenizer is used, is an error)."},
     )
     tokenizer_model: str = field(
         default="bpe",

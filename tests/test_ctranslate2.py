@@ -177,6 +177,25 @@ def test_translate_lines_one_output_per_line(trained):
     assert got == [expected[0], "", "", expected[1], expected[2]]
 
 
+def test_each_sentence_gets_its_own_length_limit_whatever_its_batch(trained):
+    """With a limit that binds (`max_len_a` 0.5, `max_len_b` 0), a short source's translation is the same alone and
+    beside a longer one in the same batch, and stops at its own limit, as our greedy search does per sentence."""
+    model, tokenizer, test_pairs, folder = trained
+    translator, loaded_tokenizer, _ = load_translator(str(folder / "float32"), intra_threads=1)
+    short, long = sorted((s for s, _ in test_pairs), key=lambda s: len(tokenizer(s).input_ids))[:: len(test_pairs) - 1]
+    lengths = [len(tokenizer(line).input_ids) for line in (short, long)]
+    assert lengths[0] + 4 <= lengths[1]
+    rule = dict(num_beams=1, max_len_a=0.5, max_len_b=0)
+    together = translate_lines_ctranslate2(translator, loaded_tokenizer, [short, long], max_tokens=4096, **rule)
+    alone = [translate_lines_ctranslate2(translator, loaded_tokenizer, [line], **rule)[0] for line in (short, long)]
+    assert together == alone
+    sources = [tokenizer(line).input_ids for line in (short, long)]
+    expected = [tokenizer.decode(ours(model, tokenizer, [ids], num_beams=1, max_new_tokens=len(ids) // 2)[0])
+                for ids in sources]  # fmt: skip
+    assert together == expected
+    assert len(tokenizer(together[0], add_special_tokens=False).input_ids) <= lengths[0] // 2
+
+
 def test_sources_and_outputs_longer_than_the_exported_position_table(trained, tmp_path, caplog):
     """CTranslate2 fails on a position past the exported table without naming the line; the export records the
     table's rows, and translating cuts a longer source with a warning naming the line (refuses it with `strict`) and

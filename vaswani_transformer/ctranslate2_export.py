@@ -276,45 +276,51 @@ def translate_tokens(
     eos_token: str = "</s>",
     max_positions: int | None = None,
 ) -> list[list[list[str]]]:
-    """Hypotheses (tokens, `</s>` excluded) of each source token list, with our length rule for the whole batch.
+    """Hypotheses (tokens, `</s>` excluded) of each source token list, each sentence with its own length limit.
 
-    CTranslate2 takes one limit per batch: the longest sentence's `max_len_a * length + max_len_b`, as our
-    `generate` does in transformers' own decoding, at most `max_positions` (the exported position table's rows, as
-    our `generate` caps learned positions), with a warning where that cap binds. `</s>` is counted in |Y|
-    (`return_end_token`), as transformers counts it; and it may come first (`min_decoding_length=0`). A source
-    longer than `max_positions` is a ValueError naming its length (`translate_lines_ctranslate2` truncates first).
+    A sentence may produce `max_len_a * length + max_len_b` tokens, at most `max_positions` (the exported position
+    table's rows, as our `generate` caps learned positions), with a warning where that cap binds. CTranslate2 takes
+    one limit per call, so sentences of equal limits are translated together: a line's translation does not depend
+    on the other lines of its batch. `</s>` is counted in |Y| (`return_end_token`), as transformers counts it; and it
+    may come first (`min_decoding_length=0`). A source longer than `max_positions` is a ValueError naming its length
+    (`translate_lines_ctranslate2` truncates first).
     """
     if not sources:
         return []
     longest = max(len(s) for s in sources)
-    limit = int(longest * (max_len_a or 0) + max_len_b)
-    if max_positions is not None:
-        if longest > max_positions:
-            raise ValueError(f"A source of {longest} tokens is longer than the export's position table "
-                             f"({max_positions} positions): truncate it, or export with a larger --max_positions.")
-        if limit > max_positions:
+    if max_positions is not None and longest > max_positions:
+        raise ValueError(f"A source of {longest} tokens is longer than the export's position table "
+                         f"({max_positions} positions): truncate it, or export with a larger --max_positions.")
+    groups: dict[int, list[int]] = {}
+    for i, source in enumerate(sources):
+        groups.setdefault(int(len(source) * (max_len_a or 0) + max_len_b), []).append(i)
+    hypotheses: list = [None] * len(sources)
+    for limit, members in groups.items():
+        if max_positions is not None and limit > max_positions:
             logger.warning("Decoding limited to %d tokens (the export's position table) instead of %d.",
                            max_positions, limit)  # fmt: skip
             limit = max_positions
-    try:
-        results = translator.translate_batch(
-            [list(s) for s in sources],
-            beam_size=num_beams,
-            length_penalty=length_penalty if num_beams > 1 else 0.0,
-            num_hypotheses=num_hypotheses,
-            max_decoding_length=limit,
-            min_decoding_length=0,
-            max_input_length=0,
-            return_end_token=True,
-        )
-    except RuntimeError as error:  # a folder exported before its table's size was recorded: no max_positions
-        if "position encodings" not in str(error):
-            raise
-        raise ValueError(f"{error}: a source ({longest} tokens) or its translation (up to {limit}) is longer than "
-                         "the export's position table; export the model again (vaswani-export-ctranslate2 records "
-                         "the table's size, and translating then cuts longer sources) or shorten the input.") from error
-    return [[hypothesis[:-1] if hypothesis[-1:] == [eos_token] else hypothesis for hypothesis in result.hypotheses]
-            for result in results]  # fmt: skip
+        try:
+            results = translator.translate_batch(
+                [list(sources[i]) for i in members],
+                beam_size=num_beams,
+                length_penalty=length_penalty if num_beams > 1 else 0.0,
+                num_hypotheses=num_hypotheses,
+                max_decoding_length=limit,
+                min_decoding_length=0,
+                max_input_length=0,
+                return_end_token=True,
+            )
+        except RuntimeError as error:  # a folder exported before its table's size was recorded: no max_positions
+            if "position encodings" not in str(error):
+                raise
+            raise ValueError(f"{error}: a source ({longest} tokens) or its translation (up to {limit}) is longer "
+                             "than the export's position table; export the model again (vaswani-export-ctranslate2 "
+                             "records the table's size, and translating then cuts longer sources) or shorten the "
+                             "input.") from error  # fmt: skip
+        for i, result in zip(members, results):
+            hypotheses[i] = [h[:-1] if h[-1:] == [eos_token] else h for h in result.hypotheses]
+    return hypotheses
 
 
 def translate_lines_ctranslate2(

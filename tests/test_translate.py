@@ -213,6 +213,47 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, saved, capsys):
         assert f"error: {extra[0]} need --engine transformers" in capsys.readouterr().err
 
 
+def test_resume_refuses_an_output_begun_by_another_model_or_options(tmp_path, saved, capsys, caplog):
+    """An unfinished output records its run beside it; resuming it with another model, input, generation config or
+    decoding option would mix two translations in one file: refused, naming what changed. Batching may change."""
+    folder, _, _ = saved
+    model, tokenizer = load_model_and_tokenizer(str(folder))
+    save_tiny_model(tmp_path / "other", seed=2, position_encoding="learned", max_position_embeddings=MAX_POSITIONS)
+    other, _ = load_model_and_tokenizer(str(tmp_path / "other"))
+    source, output, record = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "out.txt.translate.json"
+    source.write_bytes(("\n".join(LINES[:3]) + "\n").encode() + b"\xff\n")
+    with pytest.raises(ValueError, match="UTF-8"):  # a run that stops part-way: invalid UTF-8 on line 4
+        translate_file(model, tokenizer, source, output, num_beams=2, window=1)
+    assert len(output.read_text(encoding="utf-8").splitlines()) == 3 and record.exists()
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")  # the input mended
+    shutil.copy(source, tmp_path / "copy.txt")
+    begun = output.read_bytes(), record.read_bytes()
+
+    def refused(changed: str, *args, **kwargs):
+        with pytest.raises(ValueError, match=rf"out.txt was begun by another run \({changed}: .* then, .* now\)"):
+            translate_file(*args, output, resume=True, **kwargs)
+        assert (output.read_bytes(), record.read_bytes()) == begun
+
+    refused("model", other, tokenizer, source, num_beams=2)
+    refused("input", model, tokenizer, tmp_path / "copy.txt", num_beams=2)
+    refused("options", model, tokenizer, source)
+    refused("options", model, tokenizer, source, num_beams=2, length_penalty_type="transformers")
+    model.generation_config.length_penalty = 1.0
+    refused("generation_config", model, tokenizer, source, num_beams=2)
+    model.generation_config.length_penalty = 0.6
+    assert main(["--model", str(folder), "-i", str(source), "-o", str(output), "--resume", "--num_beams", "3"]) == 1
+    assert "error: --resume: " in capsys.readouterr().err and output.read_bytes() == begun[0]
+    # The same run resumes (other batching is fine): the file equals an uninterrupted run's, and the record goes.
+    assert translate_file(model, tokenizer, source, output, resume=True, num_beams=2, window=3, max_tokens=64) == 7
+    assert output.read_text(encoding="utf-8").splitlines() == translate_lines(model, tokenizer, LINES, num_beams=2)
+    assert not record.exists()
+    # An output begun before runs were recorded resumes with a warning that nothing could be checked.
+    output.write_bytes(begun[0])
+    with caplog.at_level(logging.WARNING, logger="vaswani_transformer.translate"):
+        translate_file(model, tokenizer, source, output, resume=True, num_beams=2)
+    assert "no out.txt.translate.json beside" in caplog.text and not record.exists()
+
+
 def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, saved, capsys, monkeypatch):
     # Opening the output emptied the input before a line was read: exit 0, an empty file (--resume: nothing done).
     folder, model, tokenizer = saved

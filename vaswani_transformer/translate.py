@@ -307,6 +307,48 @@ def prepare_resume(output_path: str | os.PathLike) -> int:
     return count_lines(output_path)
 
 
+RUN_RECORD_SUFFIX = ".translate.json"  # beside an output file while it is being written; removed when it is done
+PIPE_INPUT = "a pipe or standard input"
+BATCHING_OPTIONS = ("window", "max_tokens", "show_progress", "strict", "total")  # they do not change a line's output
+
+
+def run_record(model, input_path, options: dict) -> dict:
+    """What decides an output file's lines: the model (its folder or Hub id), its dtype and generation config, the
+    input, and the decoding options given (`--resume` refuses to continue a file written with others)."""
+    model_name = getattr(model, "name_or_path", "") or ""
+    generation = model.generation_config.to_diff_dict() if getattr(model, "generation_config", None) else {}
+    generation.pop("transformers_version", None)
+    given = {k: v for k, v in sorted(options.items()) if k not in BATCHING_OPTIONS and v is not None}
+    record = {
+        "model": os.path.abspath(model_name) if os.path.isdir(model_name) else model_name,
+        "revision": getattr(getattr(model, "config", None), "_commit_hash", None),  # a Hub model's commit
+        "dtype": str(getattr(model, "dtype", "")).removeprefix("torch."),
+        "generation_config": generation,
+        "input": os.path.abspath(input_path) if is_regular_file(input_path) else PIPE_INPUT,
+        "options": given,
+    }
+    return json.loads(json.dumps(record, default=repr))  # as it reads back from the file
+
+
+def check_run_record(record_path: str, record: dict, output_name: str) -> None:
+    """`--resume`: the run that wrote the output's first lines must be this one (model, dtype, decoding, and the
+    input where both runs read a file)."""
+    if not os.path.exists(record_path):
+        logger.warning("--resume: no %s beside %s (written before runs were recorded, or removed): whether its lines "
+                       "came from this model and options cannot be checked.", os.path.basename(record_path),
+                       output_name)  # fmt: skip
+        return
+    with open(record_path, encoding="utf-8") as file:
+        earlier = json.load(file)
+    pipe = PIPE_INPUT in (earlier.get("input"), record["input"])  # a pipe's lines cannot be told apart from a file's
+    changed = [f"{key}: {earlier.get(key)!r} then, {value!r} now" for key, value in record.items()
+               if earlier.get(key) != value and not (key == "input" and pipe)]  # fmt: skip
+    if changed:
+        raise ValueError(f"--resume: {output_name} was begun by another run ({'; '.join(changed)}); its lines would "
+                         f"mix two translations. Resume with the same model, input and options, or delete "
+                         f"{record_path} to continue anyway.")  # fmt: skip
+
+
 def translate_file(
     model,
     tokenizer,
@@ -322,7 +364,10 @@ def translate_file(
     was read). Line breaks inside a translation become spaces. An output that is the input file is a ValueError.
 
     resume: continue an output file that holds the first K translations (a partial last line is cut off first):
-    skip the first K input lines (of a pipe too: the first K it delivers) and append. KeyboardInterrupt (Ctrl-C, or
+    skip the first K input lines (of a pipe too: the first K it delivers) and append. While an output file is
+    written, `<output>.translate.json` beside it records the run (`run_record`: model, dtype, generation config,
+    input, options); resuming with another model, input or options is a ValueError, and the record is removed once
+    the file is complete. KeyboardInterrupt (Ctrl-C, or
     the signals `main` turns into it) becomes `TranslationInterrupted`, saying how many lines the output holds.
     kwargs go to `iter_translations`."""
     name = STDIN_NAME if is_stdio(input_path) else os.fspath(input_path)
@@ -330,6 +375,11 @@ def translate_file(
     if is_same_file(input_path, output_path):
         raise ValueError(same_file_problem(input_path, output_path))
     skip = prepare_resume(output_path) if resume else 0
+    record_path = None if is_stdio(output_path) else output_name + RUN_RECORD_SUFFIX
+    if record_path:
+        record = run_record(model, input_path, kwargs)
+        if skip:
+            check_run_record(record_path, record, output_name)
     total = count_lines(input_path) if is_regular_file(input_path) else None  # a pipe can be read only once
     if total is not None and skip > total:
         raise ValueError(f"--resume: {output_name} holds {skip} lines but {name} only {total}: not its translation.")
@@ -348,8 +398,11 @@ def translate_file(
     if skip:
         logger.warning("--resume: %s holds %d lines; translating from line %d of %s.", output_name, skip, skip + 1,
                        name)  # fmt: skip
-    writer = LineWriter(output_path, append=resume)
+    writer = LineWriter(output_path, append=resume)  # makes the output's folder
     try:
+        if record_path:
+            with open(record_path, "w", encoding="utf-8") as file:
+                json.dump(record, file, indent=2)
         todo = None if total is None else total - skip  # the progress bar's total
         for chunk in iter_translation_chunks(model, tokenizer, lines, total=todo, source_name=name,
                                              first_line=skip + 1, **kwargs):  # fmt: skip
@@ -365,6 +418,8 @@ def translate_file(
         began = f" ({total} when the run began)" if total is not None else ""
         raise ValueError(f"{name}: {read} lines read{began} but {written} in {output_name}: the input changed while "
                          "it was translated (is something writing to it?); translate it again.")
+    if record_path:
+        os.remove(record_path)
     return written
 
 
@@ -529,6 +584,7 @@ __all__ = [
     "load_model_and_tokenizer",
     "main",
     "prepare_resume",
+    "run_record",
     "resolve_dtype",
     "translate_file",
     "translate_lines",

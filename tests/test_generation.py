@@ -595,6 +595,18 @@ def test_every_sentence_stops_at_its_own_maximum_length(max_len_a, max_len_b):
         assert generated == [limit for limit in limits for _ in range(copies)], decoding
 
 
+def test_the_length_rule_is_computed_in_double_precision_as_fairseq_and_ctranslate2_do():
+    """int(1.3 * 90) is 117 in Python's (double) arithmetic, 116 in float32 (1.3 * 90 = 116.99999): fairseq and our
+    CTranslate2 engine compute the rule in double, and so must `generate`."""
+    model = tiny_model(0)
+    inputs = random_sources(12, lengths=(90, 170))
+    assert [int(1.3 * n) for n in (90, 170)] == [117, 221]
+    assert (torch.tensor([90, 170]) * 1.3).long().tolist() != [117, 221]  # what float32 gives
+    for decoding in (dict(), dict(num_beams=1)):
+        sequences = model.generate(**inputs, max_len_a=1.3, max_len_b=0, suppress_tokens=[EOS, PAD], **decoding)
+        assert [len(tokens) for tokens in hypotheses(sequences)] == [117, 221], decoding
+
+
 @pytest.mark.parametrize("forced_eos", [False, True])
 def test_greedy_search_decodes_each_sentence_of_a_batch_as_alone(forced_eos):
     """num_beams=1 is transformers' greedy search, whose max_length is one for the batch (the longest sentence's

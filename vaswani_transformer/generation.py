@@ -212,7 +212,8 @@ class VaswaniGenerationMixin(GenerationMixin):
         sentence_max_new_tokens = None
         if not _length_given(kwargs, generation_config, self.generation_config) and fields["max_len_b"] is not None:
             lengths = _source_lengths(inputs, kwargs, self.config.pad_token_id)
-            sentence_max_new_tokens = (lengths * (fields["max_len_a"] or 0) + fields["max_len_b"]).long()
+            # in double precision, as fairseq's int(a * length + b): float32 makes int(1.3 * 90) 116
+            sentence_max_new_tokens = (lengths.double() * (fields["max_len_a"] or 0) + fields["max_len_b"]).long()
             if int(sentence_max_new_tokens.min()) < 1:
                 bad = int(sentence_max_new_tokens.argmin())
                 raise ValueError(

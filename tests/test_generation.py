@@ -662,7 +662,8 @@ def test_an_explicit_length_overrides_the_rule_and_trainer_kwargs_are_honoured()
 def test_a_length_set_in_the_model_generation_config_beats_the_rule_and_survives_a_reload(tmp_path):
     """`max_new_tokens` or `max_length` set in the model's own generation config (as a user or a converted checkpoint
     saves it) counts as given, as when passed to `generate`: in the paper's beam search as in greedy decoding, also
-    after save_pretrained/from_pretrained. (transformers' default max_length, 20, there does not: the test above.)"""
+    after save_pretrained/from_pretrained; a length rule passed to `generate` beats it. (transformers' default
+    max_length, 20, there does not count: the test above.)"""
     inputs = random_sources(100, lengths=(3, 5))
     plain = tiny_model(0)  # its generation config sets no length
     for saved, value in (("max_new_tokens", 4), ("max_length", 6)):
@@ -676,6 +677,11 @@ def test_a_length_set_in_the_model_generation_config_beats_the_rule_and_survives
             assert expected.shape == (2, 5 if saved == "max_new_tokens" else 6)
             for candidate in (model, reloaded):
                 assert torch.equal(candidate.generate(**inputs, num_beams=num_beams, suppress_tokens=[EOS]), expected)
+                # a length rule passed to generate (`vaswani-translate --max_len_b 7`) beats the saved length
+                for rule in (dict(max_len_b=7), dict(max_len_a=0, max_len_b=7)):
+                    ruled = candidate.generate(**inputs, num_beams=num_beams, suppress_tokens=[EOS, PAD], **rule)
+                    limits = [int(rule.get("max_len_a", 1) * n + 7) for n in (3, 5)]
+                    assert [len(tokens) for tokens in hypotheses(ruled)] == limits, (saved, rule)
 
 
 # --- a transformers citizen: attentions, hidden states, the returned cache, decoder masks, static caches -------------

@@ -85,8 +85,9 @@ class VaswaniGenerationConfig(GenerationConfig):
       `int(max_len_a * source_length + max_len_b)` tokens, source_length being its number of non-padding tokens
       (its `</s>` included). Used unless `max_length` or `max_new_tokens` is set: passed to `generate`, in a
       `generation_config` passed to it, or in the model's own generation config (there a `max_length` of 20,
-      transformers' default, which Seq2SeqTrainer writes into it, does not count); set `max_len_b=None` to fall back
-      to the config's own `max_length`.
+      transformers' default, which Seq2SeqTrainer writes into it, does not count; and `max_len_a`/`max_len_b`
+      passed to `generate` beat a length saved there); set `max_len_b=None` to fall back to the config's own
+      `max_length`.
       With learned positions (Table 3 row E) the rule is capped at the decoder's `max_position_embeddings`.
     """
 
@@ -194,9 +195,14 @@ class VaswaniGenerationMixin(GenerationMixin):
         search and sampling (a stopping criterion; `forced_eos_token_id` is forced at each sentence's own limit too),
         in transformers' other decoding as one `max_length` for the batch (the longest sentence's limit). It is not
         used where a length is set: `max_length` or `max_new_tokens` passed here, set in the `generation_config`
-        passed here, or set in the model's own `generation_config` (saved with it), except a `max_length` of 20 there
-        (transformers' default, which Seq2SeqTrainer writes into the model's config; pass `max_length=20` to mean it).
+        passed here, or set in the model's own `generation_config` (saved with it) unless `max_len_a`/`max_len_b` are
+        passed here, except a `max_length` of 20 there (transformers' default, which Seq2SeqTrainer writes into the
+        model's config; pass `max_length=20` to mean it).
         """
+        rule_passed = any(
+            kwargs.get(name) is not None or getattr(generation_config, name, None) is not None
+            for name in ("max_len_a", "max_len_b")
+        )  # a rule passed now beats a length saved in the model's generation config
         fields = {
             name: _resolve_custom_field(name, kwargs, generation_config, self.generation_config)
             for name in CUSTOM_GENERATION_FIELDS
@@ -210,7 +216,8 @@ class VaswaniGenerationMixin(GenerationMixin):
             if inferred is not None:
                 kwargs["attention_mask"] = inferred
         sentence_max_new_tokens = None
-        if not _length_given(kwargs, generation_config, self.generation_config) and fields["max_len_b"] is not None:
+        saved = None if rule_passed else self.generation_config
+        if not _length_given(kwargs, generation_config, saved) and fields["max_len_b"] is not None:
             lengths = _source_lengths(inputs, kwargs, self.config.pad_token_id)
             # in double precision, as fairseq's int(a * length + b): float32 makes int(1.3 * 90) 116
             sentence_max_new_tokens = (lengths.double() * (fields["max_len_a"] or 0) + fields["max_len_b"]).long()
@@ -226,9 +233,14 @@ class VaswaniGenerationMixin(GenerationMixin):
                 # The decoder reads every token but the last: at most max_position_embeddings + 1 in all.
                 room = self.config.max_position_embeddings + 1 - prompt_length
                 sentence_max_new_tokens = sentence_max_new_tokens.clamp(max=max(room, 1))
-            generation_config = _with_field(
-                generation_config, kwargs, "max_length", prompt_length + int(sentence_max_new_tokens.max())
-            )
+            if self.generation_config.max_new_tokens is not None:  # saved: it would beat a max_length given here
+                generation_config = _with_field(
+                    generation_config, kwargs, "max_new_tokens", int(sentence_max_new_tokens.max())
+                )
+            else:
+                generation_config = _with_field(
+                    generation_config, kwargs, "max_length", prompt_length + int(sentence_max_new_tokens.max())
+                )
 
         effective_config, _ = self._prepare_generation_config(generation_config, **kwargs)
         num_beams = effective_config.num_beams
@@ -325,7 +337,8 @@ def _row_limits(limits: torch.Tensor, rows: int, device) -> torch.Tensor:
 
 def _length_given(kwargs: dict, generation_config: GenerationConfig | None, model_generation_config) -> bool:
     """Whether `max_length` or `max_new_tokens` is set: passed to `generate`, in the `generation_config` passed to
-    it, or in the model's own generation config (transformers fills the unset fields of the former from it). There,
+    it, or in the model's own generation config (None: not asked, because a length rule was passed; transformers
+    fills the unset fields of the former from it). There,
     a `max_length` equal to transformers' default (20) does not count: Seq2SeqTrainer writes the defaults into the
     model's generation config after its first evaluation step."""
     if kwargs.get("max_length") is not None or kwargs.get("max_new_tokens") is not None:
@@ -336,6 +349,8 @@ def _length_given(kwargs: dict, generation_config: GenerationConfig | None, mode
         return True
     transformers_default = GenerationConfig._get_default_generation_params()["max_length"]
     saved = model_generation_config
+    if saved is None:  # a length rule passed to `generate` beats the model's saved length
+        return False
     return saved.max_new_tokens is not None or saved.max_length not in (None, transformers_default)
 
 

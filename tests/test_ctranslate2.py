@@ -196,6 +196,33 @@ def test_each_sentence_gets_its_own_length_limit_whatever_its_batch(trained):
     assert len(tokenizer(together[0], add_special_tokens=False).input_ids) <= lengths[0] // 2
 
 
+@pytest.mark.parametrize("saved, limit", [({"max_new_tokens": 3}, 3), ({"max_length": 4}, 3),
+                                          ({"max_len_b": None, "max_length": 3}, 2)])  # max_length counts the start
+def test_a_length_saved_in_the_generation_config_limits_both_engines_alike(trained, tmp_path, saved, limit):
+    """`--engine ctranslate2` chooses the length as our `generate` does: a length saved in the model's generation
+    config beats its saved rule, and a rule given on the command line beats the saved length."""
+    from vaswani_transformer.translate import translate_lines
+
+    model, tokenizer, test_pairs, folder = trained
+    limited = VaswaniTransformerForConditionalGeneration.from_pretrained(folder / "model").eval()
+    for name, value in saved.items():
+        setattr(limited.generation_config, name, value)
+    limited.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    export_ctranslate2(str(tmp_path / "model"), str(tmp_path / "ct2"))
+    from vaswani_transformer.ctranslate2_export import translate_file_ctranslate2
+
+    lines = [s for s, _ in test_pairs[:8]]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for given in ({}, {"max_len_a": 0, "max_len_b": 5}):
+        translate_file_ctranslate2(str(tmp_path / "ct2"), str(tmp_path / "in.txt"), str(tmp_path / "out.txt"),
+                                   num_beams=1, **given)  # fmt: skip
+        got = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+        assert got == translate_lines(limited, tokenizer, lines, num_beams=1, **given), given
+        lengths = [len(tokenizer(line, add_special_tokens=False).input_ids) for line in got]
+        assert max(lengths) == (5 if given else limit), (given, lengths)  # the limit binds (</s> counts in it)
+
+
 def test_sources_and_outputs_longer_than_the_exported_position_table(trained, tmp_path, caplog):
     """CTranslate2 fails on a position past the exported table without naming the line; the export records the
     table's rows, and translating cuts a longer source with a warning naming the line (refuses it with `strict`) and

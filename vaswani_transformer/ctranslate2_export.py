@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterable, Sequence
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from . import cli
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
@@ -367,6 +367,23 @@ def translate_lines_ctranslate2(
     return outputs
 
 
+def length_rule(defaults: dict, max_len_a: float | None = None, max_len_b: float | None = None) -> tuple:
+    """(max_len_a, max_len_b) of a translation with an exported folder, chosen as our `generate` chooses: the rule
+    (given here, else saved), unless a length is saved in the generation config and no rule is given here
+    (`max_new_tokens`, or `max_length` less the start token; transformers' default 20 does not count) or the rule's
+    `max_len_b` is None (then `max_length`, default 20)."""
+    default_max_length = GenerationConfig._get_default_generation_params()["max_length"]
+    a = max_len_a if max_len_a is not None else defaults.get("max_len_a", 1)
+    b = max_len_b if max_len_b is not None else defaults.get("max_len_b", 50)
+    saved_max_length = defaults.get("max_length")
+    saved = defaults.get("max_new_tokens") is not None or saved_max_length not in (None, default_max_length)
+    if b is not None and (max_len_a is not None or max_len_b is not None or not saved):
+        return a or 0, b
+    if defaults.get("max_new_tokens") is not None:
+        return 0, defaults["max_new_tokens"]
+    return 0, (saved_max_length or default_max_length) - 1
+
+
 def translate_file_ctranslate2(
     model_dir: str,
     input_path: str | None = None,
@@ -377,7 +394,8 @@ def translate_file_ctranslate2(
     """`translate --engine ctranslate2`: translate a file (or stdin) line for line with an exported folder; decoding
     defaults from the folder's generation config; returns the number of lines written (= read)."""
     translator, tokenizer, defaults = load_translator(model_dir, device=device or "cpu")
-    for name in ("num_beams", "length_penalty", "max_len_a", "max_len_b", MAX_POSITIONS_KEY):
+    kwargs["max_len_a"], kwargs["max_len_b"] = length_rule(defaults, kwargs.get("max_len_a"), kwargs.get("max_len_b"))
+    for name in ("num_beams", "length_penalty", MAX_POSITIONS_KEY):
         if kwargs.get(name) is None and defaults.get(name) is not None:
             kwargs[name] = defaults[name]
     kwargs = {k: v for k, v in kwargs.items() if v is not None}

@@ -127,6 +127,37 @@ def test_dev_perplexity_equals_a_float64_sentence_by_sentence_reference():
     assert got["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
 
 
+def test_dev_perplexity_counts_the_first_tokens_of_a_reference_longer_than_the_learned_positions():
+    """Learned positions (16) and a reference of more tokens: the perplexity counts its first 16 tokens, as the
+    Trainer's validation loss and `truncate_long_sources`' warning say, against a float64 sentence-by-sentence sum."""
+    tokenizer = helpers.tiny_tokenizer()
+    fields = dict(position_encoding="learned", max_position_embeddings=16)
+    model = helpers.tiny_translation_model(tokenizer, **fields)
+    long_de = " ".join(["Ein Mann fährt mit dem Fahrrad die Straße entlang."] * 3)
+    pairs = [{"en": "Two dogs play.", "de": "Zwei Hunde."}, {"en": "A man rides.", "de": long_de}]
+    data, _ = tokenize_parallel_dataset(DatasetDict(validation=Dataset.from_dict({"translation": pairs})), tokenizer,
+                                        "en", "de", filter_splits=())  # fmt: skip
+    data = data["validation"]
+    lengths = [len(labels) for labels in data["labels"]]
+    assert lengths[0] <= 16 < lengths[1] and all(len(ids) <= 16 for ids in data["input_ids"])
+    got = dev_perplexity(model, data, tokenizer, batch_size=2)  # one padded batch
+    reference = helpers.tiny_translation_model(tokenizer, **fields).double().eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for example in data:
+            labels = list(example["labels"])[:16]
+            decoder_input = [reference.config.decoder_start_token_id] + labels[:-1]
+            logits = reference(input_ids=torch.tensor([example["input_ids"]]),
+                               decoder_input_ids=torch.tensor([decoder_input])).logits[0]  # fmt: skip
+            log_probs = torch.log_softmax(logits, dim=-1)
+            total -= sum(float(log_probs[i, label]) for i, label in enumerate(labels))
+            count += len(labels)
+    assert got["tokens"] == count == lengths[0] + 16
+    assert math.isfinite(got["perplexity"])
+    assert got["nll_per_token"] == pytest.approx(total / count, rel=1e-5)
+    assert got["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
+
+
 def _result(row, values, ppl, bleu):
     return {"row": row, "values": {**BASE, **values}, "train_steps": 100, "dev_perplexity": ppl, "dev_bleu": bleu,
             "dev_sacrebleu": bleu + 1, "parameters": 63_000_000, "decoding": {"num_beams": 4}}  # fmt: skip

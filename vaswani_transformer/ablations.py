@@ -197,12 +197,16 @@ def train_row(row_dir: str | os.PathLike, recipe: dict[str, Any]) -> dict[str, A
 def dev_perplexity(model, dataset, tokenizer, batch_size: int = 64) -> dict[str, float]:
     """Perplexity of ``model`` on a tokenised split (``input_ids``, ``labels`` ending with ``</s>``): exp of the
     summed negative log-likelihood over all target tokens divided by their number; no label smoothing, eval mode.
+    With learned positions, a reference longer than the table counts its first ``max_position_embeddings`` tokens
+    (as ``VaswaniSeq2SeqTrainer.compute_loss``): the decoder has no positions for the rest.
 
     Returns ``{"perplexity", "nll_per_token", "tokens"}``.
     """
     from .data import TranslationDataCollator
+    from .pipeline import source_length_limit
 
     collator = TranslationDataCollator(tokenizer)
+    limit = source_length_limit(model.config)  # the learned position table's size; None for sinusoids
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -210,7 +214,7 @@ def dev_perplexity(model, dataset, tokenizer, batch_size: int = 64) -> dict[str,
         with torch.inference_mode():
             for start in range(0, len(dataset), batch_size):
                 batch = collator([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
-                labels = batch["labels"]
+                labels = batch["labels"][:, :limit]  # [:, :None] keeps all
                 logits = model(
                     input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels),

@@ -636,8 +636,13 @@ def test_learned_positions_cap_the_length_rule_at_the_decoder_positions():
     sequences = model.generate(**inputs, suppress_tokens=[EOS, PAD])
     # The decoder reads the start token and 11 generated tokens (12 positions); the 12th generated token is not read.
     assert [len(tokens) for tokens in hypotheses(sequences)] == [12, 12, 12]
-    with pytest.raises(ValueError, match="learned positions"):  # an explicit longer length still fails clearly
-        model.generate(**inputs, max_new_tokens=20, suppress_tokens=[EOS, PAD])
+    # An explicit longer length fails before decoding, naming what was asked and what fits (not the input)
+    for asked, name in ((dict(max_new_tokens=20), "max_new_tokens=20"), (dict(max_length=14), "max_length=14")):
+        for decoding in (dict(), dict(num_beams=1)):
+            with pytest.raises(ValueError, match=rf"{name} asks for more tokens than the decoder's 12 learned "
+                                                 r"positions allow: at most max_new_tokens=12 \(max_length=13\)"):
+                model.generate(**inputs, suppress_tokens=[EOS, PAD], **asked, **decoding)
+    assert model.generate(**inputs, max_new_tokens=12, suppress_tokens=[EOS, PAD]).shape == (3, 13)
 
 
 def test_an_explicit_length_overrides_the_rule_and_trainer_kwargs_are_honoured():

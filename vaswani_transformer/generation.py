@@ -243,6 +243,8 @@ class VaswaniGenerationMixin(GenerationMixin):
                 )
 
         effective_config, _ = self._prepare_generation_config(generation_config, **kwargs)
+        if sentence_max_new_tokens is None:
+            _check_length_fits_learned_positions(self.config, effective_config, kwargs.get("decoder_input_ids"))
         num_beams = effective_config.num_beams
         if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral) or num_beams < 1:
             raise ValueError(f"`num_beams` must be a positive integer (1 for greedy decoding), got {num_beams!r}.")
@@ -333,6 +335,24 @@ class _ForcedEOSAtSentenceLimits(LogitsProcessor):
 def _row_limits(limits: torch.Tensor, rows: int, device) -> torch.Tensor:
     """The sentence limits repeated for rows that hold each sentence's returned sequences one after another."""
     return limits.to(device).repeat_interleave(rows // limits.shape[0])
+
+
+def _check_length_fits_learned_positions(config, generation_config, decoder_input_ids) -> None:
+    """A length asked for (`max_new_tokens`, `max_length`) past a learned position table is an error naming it, before
+    decoding (the decoder reads every token but the last: `max_length` up to `max_position_embeddings` + 1)."""
+    if getattr(config, "position_encoding", None) != "learned":
+        return
+    prompt_length = decoder_input_ids.shape[-1] if decoder_input_ids is not None else 1
+    if generation_config.max_new_tokens is not None:
+        asked, name = prompt_length + generation_config.max_new_tokens, f"max_new_tokens={generation_config.max_new_tokens}"
+    elif generation_config.max_length is not None:
+        asked, name = generation_config.max_length, f"max_length={generation_config.max_length}"
+    else:
+        return
+    if asked > config.max_position_embeddings + 1:
+        most = config.max_position_embeddings + 1 - prompt_length
+        raise ValueError(f"{name} asks for more tokens than the decoder's {config.max_position_embeddings} learned "
+                         f"positions allow: at most max_new_tokens={most} (max_length={most + prompt_length}).")
 
 
 def _length_given(kwargs: dict, generation_config: GenerationConfig | None, model_generation_config) -> bool:

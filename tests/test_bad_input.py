@@ -136,6 +136,9 @@ def run(tmp_path_factory):
                                  TINY + ",vocab_size=100")),
         ("train unwritable", R, train(afile, data / "train")),
         ("train budget", R, train(tmp / "r8", data / "budget")),
+        ("train all filtered", R, train(tmp / "r9", data / "train", "--max_source_length", "2")),
+        ("train length 0", R, train(tmp / "r10", data / "train", "--max_source_length", "0")),
+        ("train length -1", R, train(tmp / "r11", data / "train", "--max_target_length", "-1")),
     ]  # fmt: skip
     cases = [[label, module, [str(a) for a in argv]] for label, module, argv in cases]
     result = subprocess.run([sys.executable, "-c", RUN_MAINS, json.dumps(cases)], cwd=tmp, env=ENV,
@@ -216,10 +219,20 @@ def test_training_input_errors_are_one_line_not_a_traceback(run):
     }
     for label, message in cases.items():
         assert_one_error_line(answers[label], 1, message)
+    # filters that leave no training pair (the run made 0 updates and saved an untrained model, exit 0)
+    assert_one_error_line(answers["train all filtered"], 1, "error: The filters dropped all 10 training pairs, so "
+                          "training would make no update: source_too_long 10 (more than 2 source tokens, </s> included, "
+                          "set by --max_source_length 2). Raise the limits named, or check the training data.")
     # the preset is read with the command line: a command-line error (status 2), as argparse's
     assert_one_error_line(answers["train preset"], 2, "error: Unknown preset 'huge'. Valid presets: base, big, A-h1")
-    for run_folder in ("r1", "r2", "r3", "r4", "r5", "r6"):
+    # a length limit below 1 (0 was silently the default, a negative one dropped every pair)
+    for label, message in (("train length 0", "max_source_length must be at least 1 (the </s> token), got 0;"),
+                           ("train length -1", "max_target_length must be at least 1 (the </s> token), got -1;")):
+        assert_one_error_line(answers[label], 2, f"error: {message}")
+    for run_folder in ("r1", "r2", "r3", "r4", "r5", "r6", "r9", "r10", "r11"):
         assert not list((folders["tmp"] / run_folder).glob("checkpoint-*")), run_folder  # stopped before training
+    assert not (folders["tmp"] / "r9" / "model.safetensors").exists()
+    assert not (folders["tmp"] / "r9" / "training_summary.json").exists()
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from vaswani_transformer.data import (
     ParallelDataError,
     TokenBatchSampler,
     TranslationDataCollator,
+    first_pair_line,
     iter_parallel_texts,
     load_parallel_dataset,
     tokenize_parallel_dataset,
@@ -97,6 +98,51 @@ def test_every_input_format_loads_the_same_dataset(tmp_path):
     for split in both.values():
         assert as_pairs(split, "de", "en") == [(t, s) for s, t in PAIRS]
     assert list(iter_parallel_texts(loaded["tsv"], "en", "de"))[:4] == [PAIRS[0][0], PAIRS[0][1], *PAIRS[1]]
+
+
+def test_first_pair_line_names_the_line_of_each_loaded_pair(tmp_path):
+    """Pair i of a loaded file is on line i + first_pair_line of it (2 after a TSV header line, which the loader skips;
+    empty lines are pairs too), as read back from the file itself: the line that warnings about a pair name."""
+    pairs = PAIRS[:2] + [("", "")] + PAIRS[2:]
+    data = write_formats(tmp_path / "data", pairs)
+    (data / "train.tsv").write_text("".join(f"{s}\t{t}\n" if s else "\n" for s, t in pairs), encoding="utf-8")
+    source_of_line = {  # each file's own layout: the source text a line holds
+        "train": lambda line: line,  # (train.en)
+        "train.tsv": lambda line: line.split("\t")[0],
+        "header.tsv": lambda line: line.split("\t")[-1],  # its header: de, en
+        "train.jsonl": lambda line: json.loads(line)["translation"]["en"],
+    }
+    first = {name: first_pair_line(str(data / name), "en", "de") for name in source_of_line}
+    assert first == {"train": 1, "train.tsv": 1, "header.tsv": 2, "train.jsonl": 1}
+    assert first_pair_line(str(data / "header.tsv"), "en", "fr") == 1  # a first line naming other languages: a pair
+    for name, source in source_of_line.items():
+        lines = (data / ("train.en" if name == "train" else name)).read_text(encoding="utf-8").split("\n")
+        loaded = load_parallel_dataset(train_file=str(data / name), cache_dir=str(tmp_path / "cache"))["train"]
+        assert len(loaded) == len(pairs)
+        for i, (text, _) in enumerate(as_pairs(loaded)):
+            assert source(lines[i + first[name] - 1]) == text, (name, i)  # line i + first, counted from 1
+
+
+def test_a_data_file_without_pairs_is_an_error_naming_it(tmp_path):
+    """An empty file, or a TSV file holding only its header line: an error naming it (datasets' own was 'Instruction
+    "train" corresponds to no data!'), also streamed. A single blank line is one (empty) pair, as everywhere."""
+    (tmp_path / "a.en").write_text("", encoding="utf-8")
+    (tmp_path / "a.de").write_text("", encoding="utf-8")
+    (tmp_path / "b.tsv").write_text("de\ten\n", encoding="utf-8")
+    (tmp_path / "c.jsonl").write_text("", encoding="utf-8")
+    cases = {
+        "a": f"{tmp_path / 'a.en'} and {tmp_path / 'a.de'} hold no pairs: both files are empty.",
+        "b.tsv": f"{tmp_path / 'b.tsv'} holds no pairs: only a header line.",
+        "c.jsonl": f"{tmp_path / 'c.jsonl'} holds no pairs: it is empty.",
+    }
+    for name, message in cases.items():
+        for streaming in (False, True):
+            with pytest.raises(ParallelDataError) as err:
+                load_parallel_dataset(validation_file=str(tmp_path / name), cache_dir=str(tmp_path / "cache"),
+                                      streaming=streaming)  # fmt: skip
+            assert str(err.value) == message
+    (tmp_path / "d.jsonl").write_text("\n", encoding="utf-8")
+    assert as_pairs(load_parallel_dataset(train_file=str(tmp_path / "d.jsonl"))["train"]) == [("", "")]
 
 
 def test_changed_files_are_reloaded_not_served_from_cache(tmp_path):

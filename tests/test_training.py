@@ -532,6 +532,51 @@ def test_tokenizer_config_mismatch_fails_before_training(tmp_path):
     assert not list(out.glob("checkpoint-*")) and not (out / "trainer_state.json").exists()
 
 
+def test_max_source_or_target_length_below_1_is_an_error(tmp_path):
+    """A limit below 1 keeps no pair (every side ends with </s>): 0 was silently the default (max_tokens_per_batch), a
+    negative value dropped every training pair. Both are refused when the arguments are parsed; 1 is taken."""
+    for name in ("max_source_length", "max_target_length"):
+        for value in ("0", "-1"):
+            with pytest.raises(ValueError, match=rf"{name} must be at least 1 \(the </s> token\), got {value};"):
+                parse_arguments(["--output_dir", str(tmp_path), f"--{name}", value])
+        assert getattr(parse_arguments(["--output_dir", str(tmp_path), f"--{name}", "1"])[1], name) == 1
+
+
+def test_training_whose_filters_drop_every_pair_is_an_error_naming_the_counts_and_limits(tmp_path):
+    """A run whose length or ratio filters leave no training pair stops before the trainer is built, naming each rule's
+    count and the flag or model limit behind it, instead of making 0 updates and saving an untrained model as trained
+    (its card, training_summary.json, evaluation). Only the tokenizer the filters needed is in output_dir."""
+    data = write_fixture(tmp_path / "data", n_train=20)  # every pair: 2 to 6 words, so at least 3 tokens a side
+    out = tmp_path / "out"
+    cases = [
+        (["--max_source_length", "3", "--max_target_length", "2"],  # every pair breaks both: the first rule counts
+         "source_too_long 20 (more than 3 source tokens, </s> included, set by --max_source_length 3)."),
+        (["--max_tokens_per_batch", "2"],
+         "source_too_long 20 (more than 2 source tokens, </s> included, set by --max_tokens_per_batch 2, the default "
+         "of --max_source_length)."),
+        (["--config_overrides", TINY_MODEL + ",position_encoding=learned,max_position_embeddings=2"],
+         "source_too_long 20 (more than 2 source tokens, </s> included, set by max_position_embeddings=2 of the "
+         "model's learned positions)."),
+        (["--max_source_length", "50", "--max_tokens_per_batch", "2"],  # a longer pair would fit no batch
+         "source_too_long 20 (more than 2 source tokens, </s> included, set by --max_tokens_per_batch 2, a batch's "
+         "most tokens, below --max_source_length 50)."),
+        (["--max_length_ratio", "0.5"],  # longer / shorter is at least 1
+         "length_ratio 20 (a longer/shorter side ratio above 0.5, set by --max_length_ratio)."),
+    ]
+    for flags, named in cases:
+        with pytest.raises(ValueError) as error:
+            run_from_args(tiny_args(data, out, "--max_steps", "2", "--do_eval", *flags))
+        assert str(error.value) == (f"The filters dropped all 20 training pairs, so training would make no update: "
+                                    f"{named} Raise the limits named, or check the training data.")  # fmt: skip
+        assert sorted(p.name for p in out.iterdir()) == ["tokenizer"]
+    # an empty training split, before anything is written (a data file without pairs is the loader's error)
+    with pytest.raises(ValueError) as error:
+        run_from_args(tiny_args(data, tmp_path / "out2", "--max_steps", "2", "--max_train_samples", "0"))
+    assert str(error.value) == ("The training split holds no pairs after --max_train_samples 0, so training would make "
+                                "no update: give training data with pairs, or leave --do_train out.")
+    assert not (tmp_path / "out2").exists()
+
+
 def test_a_tokenizer_trained_earlier_in_the_output_dir_is_reused_only_with_the_same_options(tmp_path):
     data = write_fixture(tmp_path / "data", n_train=40)
     out = tmp_path / "out"
@@ -574,10 +619,13 @@ def test_evaluation_sets_are_scored_whole_and_long_sources_truncated_with_a_warn
     longer than the model can take (12 learned positions) is cut to its first 12 tokens with a warning naming it. A
     longer reference is scored whole (chrF of the written translations against the test file's references, by
     sacreBLEU itself), its loss over the first 12 tokens, with a warning naming it (before, the decoder stopped the job
-    after training)."""
+    after training). The line named is the file's own: in a TSV validation file after its header line too."""
     import sacrebleu
 
     data = write_fixture(tmp_path / "data", n_train=200)
+    valid = [f"{t}\t{s}\n" for s, t in zip(*((data / f"valid.{x}").read_text().splitlines() for x in ("src", "tgt")))]
+    valid.insert(2, "Y\t" + " ".join(["ba", "ke", "mi", "po", "su"] * 8) + "\n")  # too long, on line 4 after the header
+    (data / "valid.tsv").write_text("tgt\tsrc\n" + "".join(valid), encoding="utf-8")
     test = [("ba", "BA"), ("da ge ki mo", "X"), ("nu pa", "PA NU")] * 2  # ratio and length: dropped if filtered
     test.insert(3, (" ".join(["ba", "ke", "mi", "po", "su"] * 8), "Y"))  # 40 words: longer than 12 positions
     test.append(("nu pa", " ".join(["PA", "NU", "KE", "MI"] * 6)))  # a reference longer than 12 positions
@@ -588,17 +636,19 @@ def test_evaluation_sets_are_scored_whole_and_long_sources_truncated_with_a_warn
         data, out, "--config_overrides", TINY_MODEL + ",position_encoding=learned,max_position_embeddings=12",
         "--max_steps", "2", "--max_length_ratio", "1.5", "--max_source_length", "6", "--do_predict",
         "--test_file", str(data / "test"), "--generation_num_beams", "1", "--per_device_eval_batch_size", "8",
+        "--validation_file", str(data / "valid.tsv"),
     ))  # fmt: skip
     splits = result["filtered"]["splits"]
     assert splits["train"]["kept"] < splits["train"]["total"]  # the training filters did drop pairs
     assert splits["test"]["total"] == splits["test"]["kept"] == 8  # nothing dropped, for any rule
     assert not any(count for rule, count in splits["test"].items() if rule not in ("total", "kept"))
-    assert splits["validation"]["kept"] == splits["validation"]["total"] == 12
+    assert splits["validation"]["kept"] == splits["validation"]["total"] == 13
     hypotheses = (out / "test_translations.txt").read_text(encoding="utf-8").split("\n")[:-1]
     assert len(hypotheses) == len(test)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "the source has" in r.getMessage()]
-    assert len(warned) == 1 and warned[0].startswith(f"{data / 'test'}:4: the source has ")
-    assert "scoring its first 12 tokens" in warned[0]
+    assert len(warned) == 2 and warned[0].startswith(f"{data / 'valid.tsv'}:4: the source has ")
+    assert warned[1].startswith(f"{data / 'test'}:4: the source has ")
+    assert all("scoring its first 12 tokens" in w for w in warned)
     references = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{data / 'test'}:")
                   and "the reference has" in r.getMessage()]  # fmt: skip
     assert len(references) == 1 and references[0].startswith(f"{data / 'test'}:8: the reference has ")

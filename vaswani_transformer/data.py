@@ -121,6 +121,22 @@ def _pair(source_lang: str, target_lang: str, source: str, target: str) -> dict[
     return {"translation": {source_lang: source, target_lang: target}}
 
 
+def _is_tsv_header(fields: list[str], source_lang: str, target_lang: str) -> bool:
+    """A TSV file's first line naming its two columns (the languages, in either order)."""
+    return len(fields) == 2 and set(fields) == {source_lang, target_lang}
+
+
+def first_pair_line(path: str, source_lang: str, target_lang: str) -> int:
+    """The line of a data file (or of both files of a text pair) that holds its first pair: 2 for a TSV file opened by
+    a header line, else 1. Pair *i* of the loaded split (0-based) is on line ``i + first_pair_line(...)``."""
+    path = os.fspath(path)
+    if _file_format(path, source_lang, target_lang) != "tsv":
+        return 1
+    with open(path, "rb") as f:
+        first = _decode(f.readline(), path, 1)
+    return 2 if _is_tsv_header(first.split("\t"), source_lang, target_lang) else 1
+
+
 def _generate_pairs(spec: str) -> Iterator[dict[str, dict[str, str]]]:
     """Generator behind ``Dataset.from_generator``. ``spec`` is JSON (no list kwargs: datasets would shard them)."""
     args = json.loads(spec)
@@ -136,7 +152,7 @@ def _generate_pairs(spec: str) -> Iterator[dict[str, dict[str, str]]]:
             for n, raw in enumerate(f, start=1):
                 line = _decode(raw, path, n)
                 fields = line.split("\t")
-                if n == 1 and set(fields) == {src, tgt} and len(fields) == 2:
+                if n == 1 and _is_tsv_header(fields, src, tgt):
                     order = tuple(fields)  # header line naming the columns
                     continue
                 if line == "":
@@ -186,13 +202,19 @@ def _load_file(
     fmt = _file_format(path, source_lang, target_lang)
     if fmt == "text":
         files = resolve_text_pair(path, source_lang, target_lang)
-        check_parallel_text_files(*files)
+        if check_parallel_text_files(*files) == 0:
+            raise ParallelDataError(f"{files[0]} and {files[1]} hold no pairs: both files are empty.")
     else:
         if os.path.isdir(path):
             raise FileNotFoundError(f"Data file {path} is a directory, not a {fmt} file.")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Data file not found: {path}")
         files = (path,)
+        first = first_pair_line(path, source_lang, target_lang)
+        with open(path, "rb") as f:
+            if not [f.readline() for _ in range(first)][-1]:  # (datasets' own error: 'corresponds to no data')
+                what = "only a header line" if first > 1 else "it is empty"
+                raise ParallelDataError(f"{path} holds no pairs: {what}.")
     spec = json.dumps(
         {
             "format": fmt,

@@ -61,7 +61,9 @@ from .configuration_vaswani_transformer import VaswaniTransformerConfig, preset_
 from .data import (
     SOURCE_LENGTH_COLUMN,
     TARGET_LENGTH_COLUMN,
+    FilterReport,
     TranslationDataCollator,
+    first_pair_line,
     iter_parallel_texts,
     load_parallel_dataset,
     tokenize_parallel_dataset,
@@ -185,6 +187,13 @@ class DataTrainingArguments:
                   "generation config, as the paper chose its alpha 0.6 on the development set. E.g. 0.6 0.8 1.0 1.2."},
     )
     num_translation_examples: int = field(default=5, metadata={"help": "Test translations printed at the end."})
+
+    def __post_init__(self):
+        for name in ("max_source_length", "max_target_length"):  # 0 was taken for the default, < 0 dropped every pair
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (the </s> token), got {value}; leave it out for the "
+                                 "default, max_tokens_per_batch.")
 
 
 @dataclass
@@ -621,22 +630,24 @@ def _load_model(model_args, tokenizer, attention: str | None = None):
     return AutoModelForSeq2SeqLM.from_config(config, **kernel)
 
 
-def truncate_long_sources(dataset, limit: int | None, eos_token_id: int | None, where: str, warn: bool = True):
+def truncate_long_sources(dataset, limit: int | None, eos_token_id: int | None, where: str, warn: bool = True,
+                          first_line: int = 1):
     """An evaluation split whose sources longer than ``limit`` tokens (what the model can take) are cut as translate
     cuts them (``pipeline.truncate_source``, keeping ``</s>``), with a warning naming each pair (``where:N``, N the
-    pair's line in a text file). A reference longer than ``limit`` is kept whole, for BLEU, with a warning: the
-    validation loss counts its first ``limit`` tokens (``VaswaniSeq2SeqTrainer.compute_loss``)."""
+    pair's line in a data file: ``first_line``, the line of the first pair (``data.first_pair_line``: 2 after a TSV
+    header), for the first; in a dataset its 1-based row). A reference longer than ``limit`` is kept whole, for BLEU,
+    with a warning: the validation loss counts its first ``limit`` tokens (``VaswaniSeq2SeqTrainer.compute_loss``)."""
     if limit is None:
         return dataset
     lengths = dataset[SOURCE_LENGTH_COLUMN]
     long = {i for i, n in enumerate(lengths) if n > limit}
     for i in sorted(long) if warn else ():
         logger.warning("%s:%d: the source has %d tokens, more than the model's limit of %d; scoring its first %d "
-                       "tokens.", where, i + 1, lengths[i], limit, limit)
+                       "tokens.", where, i + first_line, lengths[i], limit, limit)
     for i, n in enumerate(dataset[TARGET_LENGTH_COLUMN]) if warn else ():
         if n > limit:
             logger.warning("%s:%d: the reference has %d tokens, more than the model's limit of %d; BLEU scores it "
-                           "whole, the loss counts its first %d tokens.", where, i + 1, n, limit, limit)
+                           "whole, the loss counts its first %d tokens.", where, i + first_line, n, limit, limit)
     if not long:
         return dataset
 
@@ -647,6 +658,45 @@ def truncate_long_sources(dataset, limit: int | None, eos_token_id: int | None, 
         return example
 
     return dataset.map(cut, with_indices=True, desc="Truncating long sources")
+
+
+def _length_limit(data_args, side: str, position_limit: int | None) -> tuple[int, str]:
+    """The training filter's token limit for one side (``</s>`` included) and what sets it: ``--max_<side>_length``
+    (default and most: ``--max_tokens_per_batch``), or a learned-position model's ``max_position_embeddings`` when
+    smaller."""
+    given, batch = getattr(data_args, f"max_{side}_length"), data_args.max_tokens_per_batch
+    if given is not None and given <= batch:
+        limit = (given, f"--max_{side}_length {given}")
+    elif given is not None:  # a longer pair fits no token batch: the sampler would drop it, uncounted
+        limit = (batch, f"--max_tokens_per_batch {batch}, a batch's most tokens, below --max_{side}_length {given}")
+    else:
+        limit = (batch, f"--max_tokens_per_batch {batch}, the default of --max_{side}_length")
+    if position_limit is not None and position_limit < limit[0]:
+        limit = (position_limit, f"max_position_embeddings={position_limit} of the model's learned positions")
+    return limit
+
+
+def check_training_pairs_left(report: FilterReport, limits: dict[str, tuple[int, str]],
+                              max_length_ratio: float | None) -> None:
+    """ValueError when the filters dropped every pair of the training split: the run would make no update and save
+    an untrained model as if trained. Names the counts and the flag or limit behind each rule that dropped pairs
+    (``limits``: side -> (tokens, what sets it), as `_length_limit` gives)."""
+    counts = report.splits["train"]
+    if counts["kept"] > 0 or counts["total"] == 0:  # (an empty split is refused before: `run_training`)
+        return
+    (source, source_by), (target, target_by) = limits["source"], limits["target"]
+    causes = {
+        "empty_source": "no source text",
+        "empty_target": "no target text",
+        "source_too_long": f"more than {source} source tokens, </s> included, set by {source_by}",
+        "target_too_long": f"more than {target} target tokens, </s> included, set by {target_by}",
+        "length_ratio": f"a longer/shorter side ratio above {max_length_ratio}, set by --max_length_ratio",
+    }
+    dropped = "; ".join(f"{rule} {counts[rule]} ({cause})" for rule, cause in causes.items() if counts[rule])
+    raise ValueError(
+        f"The filters dropped all {counts['total']} training pairs, so training would make no update: {dropped}. "
+        "Raise the limits named, or check the training data."
+    )
 
 
 def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
@@ -694,18 +744,24 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
             by = f" (set by --eval_strategy {strategy.value})" if flag == "do_eval" and strategy != "no" else ""
             raise ValueError(f"--{flag}{by} scores the {split} set, but there is none: give {file_flag} (or a dataset "
                              f"with a {split} split), or leave --{flag} out.")
+    if training_args.do_train and "train" in raw and len(raw["train"]) == 0:  # a Hub split, --max_train_samples 0
+        samples = data_args.max_train_samples
+        after = f" after --max_train_samples {samples}" if samples is not None else ""
+        raise ValueError(f"The training split holds no pairs{after}, so training would make no update: give training "
+                         "data with pairs, or leave --do_train out.")
     tokenizer = _load_tokenizer(model_args, data_args, training_args, raw)
     model = _load_model(model_args, tokenizer, training_attention(model_args, training_args))
     check_tokenizer_matches_config(tokenizer, model.config)  # before any training
 
     max_tokens = data_args.max_tokens_per_batch
     position_limit = source_length_limit(model.config)  # learned positions: the most tokens a side can have
+    limits = {side: _length_limit(data_args, side, position_limit) for side in ("source", "target")}
     with training_args.main_process_first(desc="tokenizing"):
         # The filters apply to the training split only: validation and test sets are scored whole.
         tokenized, report = tokenize_parallel_dataset(
             raw, tokenizer, data_args.source_lang, data_args.target_lang,
-            max_source_tokens=min(data_args.max_source_length or max_tokens, position_limit or max_tokens),
-            max_target_tokens=min(data_args.max_target_length or max_tokens, position_limit or max_tokens),
+            max_source_tokens=limits["source"][0],
+            max_target_tokens=limits["target"][0],
             max_length_ratio=data_args.max_length_ratio,
             num_proc=data_args.preprocessing_num_workers,
             load_from_cache_file=not data_args.overwrite_cache,
@@ -713,9 +769,14 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
         )
         for split in ("validation", "test"):
             if split in tokenized:
-                where = getattr(data_args, f"{split}_file") or f"{data_args.dataset_name or 'data'}[{split}]"
+                file = getattr(data_args, f"{split}_file") if data_args.dataset_name is None else None
+                where = file or f"{data_args.dataset_name or 'data'}[{split}]"
+                first_line = first_pair_line(file, data_args.source_lang, data_args.target_lang) if file else 1
                 tokenized[split] = truncate_long_sources(tokenized[split], position_limit, tokenizer.eos_token_id,
-                                                         where, warn=training_args.process_index == 0)  # fmt: skip
+                                                         where, warn=training_args.process_index == 0,
+                                                         first_line=first_line)  # fmt: skip
+    if training_args.do_train and "train" in tokenized:  # on every process alike: each filtered the same pairs
+        check_training_pairs_left(report, limits, data_args.max_length_ratio)
     collator = TranslationDataCollator(tokenizer)
     compute_metrics = None
     if training_args.predict_with_generate:
@@ -953,6 +1014,7 @@ __all__ = [
     "DataTrainingArguments",
     "ModelArguments",
     "VaswaniTrainingArguments",
+    "check_training_pairs_left",
     "end_distributed_job",
     "given_arguments",
     "idle_cpu_cores_warning",

@@ -540,6 +540,11 @@ def test_max_source_or_target_length_below_1_is_an_error(tmp_path):
             with pytest.raises(ValueError, match=rf"{name} must be at least 1 \(the </s> token\), got {value};"):
                 parse_arguments(["--output_dir", str(tmp_path), f"--{name}", value])
         assert getattr(parse_arguments(["--output_dir", str(tmp_path), f"--{name}", "1"])[1], name) == 1
+    for value in ("0.5", "nan"):  # below 1 dropped every pair; NaN kept every pair (no comparison holds)
+        with pytest.raises(ValueError, match=rf"max_length_ratio \(longer side / shorter side\) must be at least 1, "
+                                             rf"got {value}\."):
+            parse_arguments(["--output_dir", str(tmp_path), "--max_length_ratio", value])
+    assert parse_arguments(["--output_dir", str(tmp_path), "--max_length_ratio", "1"])[1].max_length_ratio == 1
 
 
 def test_training_whose_filters_drop_every_pair_is_an_error_naming_the_counts_and_limits(tmp_path):
@@ -560,8 +565,6 @@ def test_training_whose_filters_drop_every_pair_is_an_error_naming_the_counts_an
         (["--max_source_length", "50", "--max_tokens_per_batch", "2"],  # a longer pair would fit no batch
          "source_too_long 20 (more than 2 source tokens, </s> included, set by --max_tokens_per_batch 2, a batch's "
          "most tokens, below --max_source_length 50)."),
-        (["--max_length_ratio", "0.5"],  # longer / shorter is at least 1
-         "length_ratio 20 (a longer/shorter side ratio above 0.5, set by --max_length_ratio)."),
     ]
     for flags, named in cases:
         with pytest.raises(ValueError) as error:

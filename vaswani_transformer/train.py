@@ -194,6 +194,9 @@ class DataTrainingArguments:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1 (the </s> token), got {value}; leave it out for the "
                                  "default, max_tokens_per_batch.")
+        ratio = self.max_length_ratio  # longer / shorter side is at least 1: below it drops all, NaN keeps all
+        if ratio is not None and not ratio >= 1:
+            raise ValueError(f"max_length_ratio (longer side / shorter side) must be at least 1, got {ratio}.")
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """CTranslate2 export: the exported model scores and translates as ours does (float32: token for token)."""
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -332,6 +334,37 @@ def test_export_script(trained, tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             main([*command[2:-2], "--max_positions", bad, "--force"])
         assert exit_info.value.code == 2 and f"--max-positions: must be >= 1, got {bad}" in capsys.readouterr().err
+
+
+def test_the_exported_decoding_reaches_python_users_and_the_folders_readme(trained, tmp_path):
+    """`decoding_options(defaults)` and the export's README snippet decode with the exported generation config
+    (here beam 2, alpha 1.4, a 3-token limit), not with the paper's beam 4 and alpha 0.6 written in."""
+    from vaswani_transformer.ctranslate2_export import decoding_options
+
+    model, tokenizer, test_pairs, folder = trained
+    tuned = VaswaniTransformerForConditionalGeneration.from_pretrained(folder / "model").eval()
+    for name, value in (("num_beams", 2), ("length_penalty", 1.4), ("max_len_a", 0), ("max_len_b", 3)):
+        setattr(tuned.generation_config, name, value)
+    tuned.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    export_ctranslate2(str(tmp_path / "model"), str(tmp_path / "ct2"))
+    translator, loaded_tokenizer, defaults = load_translator(str(tmp_path / "ct2"), intra_threads=1)
+    options = decoding_options(defaults)
+    assert {k: options[k] for k in ("num_beams", "length_penalty", "max_len_a", "max_len_b")} == dict(
+        num_beams=2, length_penalty=1.4, max_len_a=0, max_len_b=3)
+    assert decoding_options(defaults, num_beams=1)["num_beams"] == 1  # a keyword given beats the folder's
+    line = test_pairs[0][0]
+    expected = translate_lines_ctranslate2(translator, loaded_tokenizer, [line], **options)
+    assert len(tokenizer(expected[0], add_special_tokens=False).input_ids) <= 3
+    assert expected == [tokenizer.decode(out) for out in ours(tuned, tokenizer, [tokenizer(line).input_ids],
+                                                                  length_penalty_type="transformers")]  # fmt: skip
+    readme = (tmp_path / "ct2" / "README_ctranslate2.md").read_text(encoding="utf-8")
+    snippet = readme.split("```python\n")[1].split("```")[0].replace("path/to/this/folder", str(tmp_path / "ct2"))
+    assert "beam_size=2, length_penalty=1.4" in snippet
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet.replace("A man rides a bike.", line), {})
+    assert printed.getvalue().strip() == repr(expected)
 
 
 def test_translate_cli_engine_ctranslate2(trained, tmp_path):

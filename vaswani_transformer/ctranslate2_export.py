@@ -208,11 +208,13 @@ def export_ctranslate2(
     # Decoding defaults (beam size, alpha, length rule) for `translate.py --engine ctranslate2`.
     converter.generation_config.save_pretrained(output_dir)
     with open(os.path.join(output_dir, README_NAME), "w", encoding="utf-8") as f:
-        f.write(_readme(model_name_or_path, quantization, converter.exported_positions))
+        f.write(_readme(model_name_or_path, quantization, converter.exported_positions,
+                        decoding_options(_folder_defaults(output_dir))))  # fmt: skip
     return output_dir
 
 
-def _readme(source: str, quantization: str | None, max_positions: int) -> str:
+def _readme(source: str, quantization: str | None, max_positions: int, decoding: dict) -> str:
+    beams, alpha, a, b = (decoding[k] for k in ("num_beams", "length_penalty", "max_len_a", "max_len_b"))
     return f"""# CTranslate2 export of {source}
 
 Converted by `vaswani-export-ctranslate2` (weights: {quantization or "as saved"}). The folder holds the tokenizer too:
@@ -225,10 +227,17 @@ folder = "path/to/this/folder"
 translator = ctranslate2.Translator(folder, device="cpu", compute_type="default")
 tokenizer = AutoTokenizer.from_pretrained(folder)
 sources = [tokenizer.convert_ids_to_tokens(tokenizer(line).input_ids) for line in ["A man rides a bike."]]
-results = translator.translate_batch(sources, beam_size=4, length_penalty=0.6, min_decoding_length=0,
+# the exported generation config's decoding; a sentence's limit is int({a} * its length + {b}) (one per call)
+limit = max(int({a} * len(source) + {b}) for source in sources)
+results = translator.translate_batch(sources, beam_size={beams}, length_penalty={alpha if beams > 1 else 0.0},
+                                     max_decoding_length=min(limit, {max_positions}), min_decoding_length=0,
                                      return_end_token=True)  # |Y| counts </s>, as in transformers
 print([tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True) for r in results])
 ```
+
+With `vaswani_transformer` installed: `translator, tokenizer, defaults = load_translator(folder)` and
+`translate_lines_ctranslate2(translator, tokenizer, lines, **decoding_options(defaults))` (both in
+`vaswani_transformer.ctranslate2_export`) decode with these settings, each sentence at its own limit.
 
 The length penalty is CTranslate2's log P / |Y|^alpha (the paper used the GNMT penalty ((5 + |Y|) / 6)^alpha), so beam
 search gives what `model.generate(..., length_penalty_type="transformers")` gives, not the paper's rule.
@@ -384,6 +393,17 @@ def length_rule(defaults: dict, max_len_a: float | None = None, max_len_b: float
     return 0, (saved_max_length or default_max_length) - 1
 
 
+def decoding_options(defaults: dict, **given) -> dict:
+    """Keyword arguments for `translate_lines_ctranslate2`: `given` (None: not given) over the exported folder's
+    `defaults` (`load_translator`'s: its generation config's beam size, alpha and length, and `max_positions`)."""
+    options = dict(given)
+    options["max_len_a"], options["max_len_b"] = length_rule(defaults, given.get("max_len_a"), given.get("max_len_b"))
+    for name in ("num_beams", "length_penalty", MAX_POSITIONS_KEY):
+        if options.get(name) is None and defaults.get(name) is not None:
+            options[name] = defaults[name]
+    return {k: v for k, v in options.items() if v is not None}
+
+
 def translate_file_ctranslate2(
     model_dir: str,
     input_path: str | None = None,
@@ -394,11 +414,7 @@ def translate_file_ctranslate2(
     """`translate --engine ctranslate2`: translate a file (or stdin) line for line with an exported folder; decoding
     defaults from the folder's generation config; returns the number of lines written (= read)."""
     translator, tokenizer, defaults = load_translator(model_dir, device=device or "cpu")
-    kwargs["max_len_a"], kwargs["max_len_b"] = length_rule(defaults, kwargs.get("max_len_a"), kwargs.get("max_len_b"))
-    for name in ("num_beams", "length_penalty", MAX_POSITIONS_KEY):
-        if kwargs.get(name) is None and defaults.get(name) is not None:
-            kwargs[name] = defaults[name]
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    kwargs = decoding_options(defaults, **kwargs)
     lines, name = read_lines(input_path)
     translations = translate_lines_ctranslate2(translator, tokenizer, lines, source_name=name, **kwargs)
     return write_lines(translations, output_path)
@@ -431,6 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 __all__ = [
     "VaswaniTransformerConverter",
+    "decoding_options",
     "export_ctranslate2",
     "load_translator",
     "translate_file_ctranslate2",

@@ -211,6 +211,14 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, saved, capsys):
     for extra in (["--dtype", "bf16"], ["--window", "10"], ["--resume", "--output", str(output)]):
         assert main(["--model_name_or_path", str(folder), "--input", str(source), "--engine", "ctranslate2", *extra]) == 1
         assert f"error: {extra[0]} need --engine transformers" in capsys.readouterr().err
+    # Batch sizes below 1, for either engine, are refused when the command line is read, naming the option
+    # (`--window 0` passed the check above as False and ended in a TypeError with ctranslate2)
+    for engine in ("transformers", "ctranslate2"):
+        for extra in (["--window", "0"], ["--max_tokens", "0"], ["--max_tokens", "-3"]):
+            with pytest.raises(SystemExit) as exit_info:
+                main(["--model_name_or_path", str(folder), "--input", str(source), "--engine", engine, *extra])
+            assert exit_info.value.code == 2
+            assert f"{extra[0].replace('_', '-')}: must be >= 1, got {extra[1]}" in capsys.readouterr().err
 
 
 def test_resume_refuses_an_output_begun_by_another_model_or_options(tmp_path, saved, capsys, caplog):

@@ -469,8 +469,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--input", "-i", default="-", help="Input text file, one sentence per line ('-': stdin).")
     parser.add_argument("--output", "-o", default="-", help="Output file ('-': stdout).")
     add_decoding_arguments(parser)
-    parser.add_argument("--max_tokens", "--max-tokens", type=int, help="Most source tokens per batch, padding included.")
-    parser.add_argument("--window", type=int,
+    parser.add_argument("--max_tokens", "--max-tokens", type=cli.positive_int,
+                        help="Most source tokens per batch, padding included.")  # fmt: skip
+    parser.add_argument("--window", type=cli.positive_int,
                         help=f"Lines read, sorted by length and batched together (default {DEFAULT_WINDOW}).")
     parser.add_argument("--resume", action="store_true",
                         help="Continue --output FILE: keep its complete lines, skip as many input lines, append.")
@@ -535,10 +536,11 @@ def main(argv=None) -> int:
     if args.engine == "ctranslate2":
         # transformers-only options are refused, not ignored (a CTranslate2 folder computes in its exported type)
         given = [f"--{name}" for name in ("resume", "window", "dtype", "revision", "trust_remote_code")
-                 if getattr(args, name) not in (None, False)]  # fmt: skip
+                 if getattr(args, name) is not None and getattr(args, name) is not False]  # fmt: skip
         if given:
-            print(f"error: {', '.join(given)} need --engine transformers (with ctranslate2 the weight type is chosen "
-                  "by vaswani-export-ctranslate2 --quantization).", file=sys.stderr)  # fmt: skip
+            why = " (with ctranslate2 the weight type is chosen by vaswani-export-ctranslate2 --quantization)"
+            print(f"error: {', '.join(given)} need --engine transformers{why if '--dtype' in given else ''}.",
+                  file=sys.stderr)  # fmt: skip
             return 1
     names = ("max_tokens", "max_source_length", "window")
     options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}

@@ -142,6 +142,33 @@ def test_vocab_size_is_respected_for_both_models(tmp_path):
         train_tokenizer(corpus, vocab_size=300, model="unigram", show_progress=False)
 
 
+DETERMINISM_SCRIPT = """
+import random, sys
+from vaswani_transformer.tokenization import train_tokenizer
+rng = random.Random(0)
+syllables = ["ka", "to", "ri", "men", "sa", "lo", "vi", "der", "un", "ba", "ge", "ist", "ch", "au", "el", "ne", "ß"]
+words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+weights = [1 / (i + 1) for i in range(len(words))]
+texts = [" ".join(rng.choices(words, weights, k=rng.randint(3, 12))) for _ in range(4000)]
+tokenizer = train_tokenizer(texts, vocab_size=1000, model=sys.argv[1], show_progress=False)
+sys.stdout.write(tokenizer.backend_tokenizer.to_str())
+"""
+
+
+@pytest.mark.parametrize("model", ["bpe", "wordpiece"])
+def test_the_same_corpus_trains_the_same_tokenizer_in_every_process(model):
+    """Word pieces were numbered in a hash map's order (tokenizers issue #1794), which breaks ties between equally
+    frequent merges: each process (another PYTHONHASHSEED) trained another vocabulary, so a run was not reproducible."""
+    outputs = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
+        result = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT, model], capture_output=True, text=True,
+                                env=env, timeout=300)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs.add(result.stdout)
+    assert len(outputs) == 1
+
+
 def test_training_from_files_streams_lines_and_reports_bad_utf8(tmp_path):
     en, de = tmp_path / "train.en", tmp_path / "train.de"
     en.write_text("\n".join(varied_sentences(50, seed=3)) + "\n", encoding="utf-8")

@@ -87,19 +87,24 @@ def _eos_post_processor() -> processors.TemplateProcessing:
     )
 
 
-def _add_wordpiece_continuations(tokenizer: Tokenizer, vocab_size: int) -> Tokenizer:
-    """Give every byte a continuation piece so that no word ever falls back to ``<unk>``.
+def _wordpiece_continuations() -> list[str]:
+    """A continuation piece for every byte (``##`` + the byte's character), so that no word falls back to ``<unk>``."""
+    return [WORDPIECE_CONTINUATION_PREFIX + c for c in _byte_alphabet()]
 
-    To stay within ``vocab_size``, the most recently learned multi-character pieces make room (a word-piece
-    vocabulary is a plain set: greedy longest-match works with any subset that keeps the single characters).
+
+def _add_wordpiece_continuations(tokenizer: Tokenizer, vocab_size: int) -> Tokenizer:
+    """The trained word-piece tokenizer rebuilt as a plain vocabulary holding every byte's continuation piece.
+
+    The trainer is given the continuation pieces as special tokens (fixed ids: it numbers the pieces it makes itself
+    in a hash map's order, which differs from process to process and breaks ties between equally frequent merges,
+    tokenizers issue #1794); here they become ordinary vocabulary again, so that text containing "##a" is not split
+    at a special token. Pieces still missing are added; to stay within ``vocab_size``, the most recently learned
+    multi-character pieces make room (a word-piece vocabulary is a plain set: greedy longest-match works with any
+    subset that keeps the single characters).
     """
     vocab = tokenizer.get_vocab()
     protected = set(SPECIAL_TOKENS) | set(_byte_alphabet())
-    needed = [
-        WORDPIECE_CONTINUATION_PREFIX + c for c in _byte_alphabet() if WORDPIECE_CONTINUATION_PREFIX + c not in vocab
-    ]
-    if not needed:
-        return tokenizer
+    needed = [piece for piece in _wordpiece_continuations() if piece not in vocab]
     protected.update(needed)
     by_id = sorted(vocab, key=vocab.__getitem__)
     overflow = max(0, len(by_id) + len(needed) - vocab_size)
@@ -190,14 +195,14 @@ def train_tokenizer(
     common = dict(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=_byte_alphabet(),
         show_progress=show_progress,
     )
     if model == "bpe":
-        trainer = trainers.BpeTrainer(**common)
-    else:
-        trainer = trainers.WordPieceTrainer(**common, continuing_subword_prefix=WORDPIECE_CONTINUATION_PREFIX)
+        trainer = trainers.BpeTrainer(**common, special_tokens=list(SPECIAL_TOKENS))
+    else:  # the continuation pieces first, with fixed ids: the same vocabulary in every process
+        trainer = trainers.WordPieceTrainer(**common, special_tokens=list(SPECIAL_TOKENS) + _wordpiece_continuations(),
+                                            continuing_subword_prefix=WORDPIECE_CONTINUATION_PREFIX)  # fmt: skip
 
     def all_texts() -> Iterator[str]:
         if files:

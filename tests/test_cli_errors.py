@@ -101,6 +101,24 @@ def test_translate_input_that_is_missing_or_a_directory_is_named(tmp_path, model
         assert f"error: --input {path}{' ' if what[0] != ':' else ''}{what}" in stderr and "Traceback" not in stderr
 
 
+def test_an_unquoted_yaml_no_for_a_text_argument_is_an_error_naming_the_key(tmp_path):
+    """YAML reads an unquoted `no` as False: `save_strategy: no` failed with "False is not a valid SaveStrategy",
+    naming no key. The error names the key and says to quote it; quoted, and for real yes/no options, it works."""
+    from vaswani_transformer.train import parse_arguments
+
+    (tmp_path / "bad.yaml").write_text("output_dir: run\nsave_strategy: no\n", encoding="utf-8")
+    result = run_script("train.py", "bad.yaml", cwd=tmp_path)
+    stderr = result.stderr.decode()
+    assert result.returncode == 2, stderr
+    assert "bad.yaml: save_strategy: False is a boolean" in stderr and 'save_strategy: "no"' in stderr, stderr
+    assert "Traceback" not in stderr and not (tmp_path / "run").exists()
+    good = tmp_path / "good.yaml"
+    good.write_text(f"output_dir: {tmp_path / 'run'}\nsave_strategy: \"no\"\ndo_train: yes\ndisable_tqdm: on\n"
+                    "use_cpu: true\nreport_to: none\n", encoding="utf-8")
+    _, _, training_args = parse_arguments([str(good)])
+    assert training_args.save_strategy == "no" and training_args.do_train and training_args.disable_tqdm
+
+
 def test_training_data_with_a_missing_or_directory_side_names_it(tmp_path):
     from vaswani_transformer.data import load_parallel_dataset
 

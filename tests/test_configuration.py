@@ -11,6 +11,7 @@ from vaswani_transformer import (
     preset_training_arguments,
 )
 from vaswani_transformer.configuration_vaswani_transformer import PAPER_PARAMETERS_M
+from vaswani_transformer.train import parse_config_overrides
 
 
 def count_parameters(config: VaswaniTransformerConfig) -> int:
@@ -141,6 +142,30 @@ def test_a_keyword_close_to_a_field_name_warns_and_other_extras_stay_quiet(tmp_p
     config.save_pretrained(tmp_path)
     AutoConfig.from_pretrained(tmp_path)
     assert not [w for w in recwarn if "unknown field" in str(w.message)]
+
+
+def test_standard_names_set_their_fields_without_a_typo_warning(recwarn):
+    """hidden_size, num_attention_heads and num_hidden_layers (the config's attribute_map) set d_model, num_heads and
+    encoder_layers with no warning (each warned it was "a typo of" itself); a typo of one still warns."""
+    config = VaswaniTransformerConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=2)
+    assert (config.d_model, config.num_heads, config.encoder_layers) == (256, 4, 2)
+    assert not [w for w in recwarn if "unknown field" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"unknown field 'hidden_sizes' .*\(a typo of 'hidden_size'\?\)"):
+        VaswaniTransformerConfig(hidden_sizes=256)
+
+
+def test_config_overrides_take_standard_names_and_answer_a_typo_with_the_closest_fields():
+    """--config_overrides maps the standard names as the config does (they were refused); an unknown field is an
+    error naming the closest fields before the full list (which was alphabetical, with no suggestion)."""
+    overrides = parse_config_overrides("hidden_size=64,num_attention_heads=4,num_hidden_layers=2")
+    assert overrides == {"d_model": 64, "num_heads": 4, "encoder_layers": 2}
+    with pytest.raises(ValueError, match="config_overrides: d_model is given twice \\(hidden_size, d_model\\)"):
+        parse_config_overrides("hidden_size=64,d_model=32")
+    with pytest.raises(ValueError) as error:
+        parse_config_overrides("encoder_layer=3")
+    message = str(error.value)
+    assert "'encoder_layer': did you mean 'encoder_layers'" in message
+    assert message.index("'encoder_layers'") < message.index("Valid fields:")
 
 
 def test_explicit_head_sizes_lift_the_divisibility_rule():

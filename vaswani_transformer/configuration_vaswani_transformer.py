@@ -150,7 +150,8 @@ class VaswaniTransformerConfig(PreTrainedConfig):
         """A warning for each unknown keyword close to a field's name (`encoder_layer=3`): transformers keeps unknown
         keywords as attributes that nothing reads (configs on the Hub carry such extras, so they stay allowed)."""
         known = [f.name for f in dataclasses.fields(self)] + list(self.attribute_map)
-        for key in set(extra) - _generation_fields():  # (decoding settings in old config files: the decoding's)
+        # (standard names such as hidden_size are known; decoding settings in old config files are the decoding's)
+        for key in set(extra) - set(known) - _generation_fields():
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
             if close:
                 warnings.warn(

@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,9 +275,35 @@ def valid_argument_names() -> list[str]:
     return sorted(f.name for cls in ARGUMENT_CLASSES for f in dataclasses.fields(cls) if f.init)
 
 
+def unknown_names_message(what: str, unknown: list[str], valid: set[str]) -> str:
+    """``"unknown config field(s) [...]. 'x': did you mean 'y'? Valid fields: ..."`` (``what``: "config field"): each
+    unknown name with the valid ones closest to it, then all of them."""
+    hints = "; ".join(f"{k!r}: {did_you_mean(k, valid, quote=True)}" for k in unknown if did_you_mean(k, valid))
+    listed = f"Valid {what.split()[-1]}s: {', '.join(sorted(valid))}."
+    return f"unknown {what}(s) {unknown}. {hints + ' ' if hints else ''}{listed}"
+
+
+def _takes_a_boolean(hint: Any, argument: dataclasses.Field) -> bool:
+    """Whether an argument of type ``hint`` takes True/False: a bool, a ``Literal[False]``, a bare flag (``--fsdp``)."""
+    types = typing.get_args(hint) or (hint,)
+    literal = [v for t in types if typing.get_origin(t) is typing.Literal for v in typing.get_args(t)]
+    flag = isinstance(argument.metadata.get("const"), bool)
+    return bool in types or any(isinstance(v, bool) for v in literal) or flag
+
+
+def boolean_argument_names() -> set[str]:
+    """The arguments a recipe may set to true/false (the others take text or numbers)."""
+    names = set()
+    for cls in ARGUMENT_CLASSES:
+        hints = typing.get_type_hints(cls)
+        names.update(f.name for f in dataclasses.fields(cls) if f.init and _takes_a_boolean(hints[f.name], f))
+    return names
+
+
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     """Read a YAML or JSON recipe (a mapping of argument names to values); unknown keys are an error listing the
-    valid ones. ``config_overrides`` may be a mapping; it becomes ``"k=v,..."``."""
+    valid ones (closest first), and so is a boolean for an argument that takes none (YAML reads an unquoted ``no`` as
+    False). ``config_overrides`` may be a mapping; it becomes ``"k=v,..."``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Recipe file not found: {path}")
@@ -294,11 +321,14 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     valid = set(valid_argument_names())
     unknown = sorted(k for k in recipe if k not in valid)
     if unknown:
-        hints = "; ".join(f"{k!r}: {did_you_mean(k, valid, quote=True)}" for k in unknown if did_you_mean(k, valid))
-        raise ValueError(
-            f"{path}: unknown recipe key(s) {unknown}. {hints + ' ' if hints else ''}"
-            f"Valid keys: {', '.join(sorted(valid))}."
-        )
+        raise ValueError(f"{path}: {unknown_names_message('recipe key', unknown, valid)}")
+    booleans = boolean_argument_names()
+    for key, value in recipe.items():
+        if isinstance(value, bool) and key not in booleans:
+            raise ValueError(
+                f"{path}: {key}: {value} is a boolean (YAML reads an unquoted yes, no, on, off, true or false so), but "
+                f'{key} takes text or a number: quote the word you meant, e.g. {key}: "{"yes" if value else "no"}".'
+            )
     if isinstance(recipe.get("config_overrides"), dict):
         recipe["config_overrides"] = ",".join(f"{k}={v}" for k, v in recipe["config_overrides"].items())
     return recipe
@@ -450,8 +480,10 @@ def preset_training_defaults(preset: str, given: dict[str, Any] | None = None) -
 
 
 def parse_config_overrides(text: str | None) -> dict[str, Any]:
-    """``"d_model=256,dropout=0.1,share_embeddings=true"`` -> typed dict (ints, floats, booleans, None, strings)."""
+    """``"d_model=256,dropout=0.1,share_embeddings=true"`` -> typed dict (ints, floats, booleans, None, strings).
+    Standard names (``hidden_size``) become the fields the config maps them to (``d_model``)."""
     out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # field -> the name it was given by
     if not text:
         return out
     for item in text.split(","):
@@ -460,7 +492,11 @@ def parse_config_overrides(text: str | None) -> dict[str, Any]:
             continue
         if "=" not in item:
             raise ValueError(f"config_overrides: expected key=value, got {item!r}.")
-        key, value = (s.strip() for s in item.split("=", 1))
+        given, value = (s.strip() for s in item.split("=", 1))
+        key = VaswaniTransformerConfig.attribute_map.get(given, given)
+        if key in spelled:
+            raise ValueError(f"config_overrides: {key} is given twice ({spelled[key]}, {given}): give it once.")
+        spelled[key] = given
         low = value.lower()
         if low in ("true", "false"):
             out[key] = low == "true"
@@ -475,10 +511,10 @@ def parse_config_overrides(text: str | None) -> dict[str, Any]:
                     continue
             else:
                 out[key] = value
-    valid = {f.name for f in dataclasses.fields(VaswaniTransformerConfig)}
+    valid = {f.name for f in dataclasses.fields(VaswaniTransformerConfig)} | set(VaswaniTransformerConfig.attribute_map)
     unknown = sorted(set(out) - valid)
     if unknown:
-        raise ValueError(f"config_overrides: unknown config field(s) {unknown}. Valid fields: {', '.join(sorted(valid))}.")
+        raise ValueError(f"config_overrides: {unknown_names_message('config field', unknown, valid)}")
     return out
 
 

@@ -16,6 +16,7 @@ import torch
 import yaml
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
+from transformers import GenerationConfig
 
 from vaswani_transformer import VaswaniTransformerConfig
 from vaswani_transformer.ablations import (
@@ -27,8 +28,10 @@ from vaswani_transformer.ablations import (
     row_recipe,
     run_ablations,
     scaled_row,
+    train_row,
 )
 from vaswani_transformer.data import tokenize_parallel_dataset
+from vaswani_transformer.tokenization import train_tokenizer
 from vaswani_transformer.train import parse_arguments, parse_config_overrides
 
 import helpers
@@ -74,6 +77,31 @@ def test_scaling_rule_against_the_papers_table3(factor, tmp_path):
         assert config.share_embeddings is False  # a recipe override Table 3 does not name stays
         assert (made["label_smoothing_factor"], made["max_steps"], made["seed"]) == (expected["eps_ls"], 7, 1)
         assert made["preset"] == row and made["average_last_checkpoints"] == 0 and made["do_predict"] is False
+
+
+def test_a_row_decodes_as_the_paper_whatever_the_recipe_tunes(tmp_path):
+    """A recipe's alpha grid (tuned on the validation set the table reports), evaluation at the start and generation
+    config are not the row's: its training job makes no validation decode and saves the paper's beam 4, alpha 0.6."""
+    data = write_fixture(tmp_path / "data", n_train=100, n_valid=4)
+    tokenizer_dir = tmp_path / "tokenizer"
+    train_tokenizer(files=[data / "train.src", data / "train.tgt"], vocab_size=300, show_progress=False,
+                    output_dir=tokenizer_dir)  # fmt: skip
+    GenerationConfig(num_beams=2, length_penalty=1.4).save_pretrained(tmp_path / "other_decoding")
+    recipe = {
+        "train_file": str(data / "train"), "validation_file": str(data / "valid"), "source_lang": "src",
+        "target_lang": "tgt", "max_tokens_per_batch": 160, "warmup_steps": 10, "use_cpu": True, "report_to": "none",
+        "disable_tqdm": True, "save_strategy": "no", "length_penalty_grid": [1.4, 2.0], "eval_on_start": True,
+        "generation_config": str(tmp_path / "other_decoding"),
+    }  # fmt: skip
+    made = row_recipe(recipe, "base", scale_factor=32, row_dir=tmp_path / "base", tokenizer_dir=tokenizer_dir,
+                      seed=1, max_steps=1)  # fmt: skip
+    assert (made["length_penalty_grid"], made["eval_on_start"], made["generation_config"]) == (None, False, None)
+    summary = train_row(tmp_path / "base", made)
+    assert "length_penalty" not in summary  # no alpha chosen on the dev set
+    history = json.loads((tmp_path / "base" / "trainer_state.json").read_text())["log_history"]
+    assert not any("eval_loss" in entry for entry in history)  # no validation run
+    saved = json.loads((tmp_path / "base" / "generation_config.json").read_text())
+    assert (saved["num_beams"], saved["length_penalty"]) == (4, 0.6)  # the paper's
 
 
 def test_a_factor_that_does_not_divide_a_size_is_an_error():

@@ -1249,6 +1249,38 @@ def test_evaluation_and_test_sets_keep_their_order_whatever_the_sampling_strateg
     assert tokenizer.batch_decode(predictions, skip_special_tokens=True) == alone
 
 
+def test_token_batches_load_with_the_dataloader_flags_as_transformers_loader(tmp_path):
+    """--dataloader_persistent_workers, _prefetch_factor, _multiprocessing_context, _in_order and the worker seeding
+    reach the token-batch training DataLoader as they reach transformers' own (the same arguments, no token batches)."""
+    from datasets import Dataset
+    from transformers.trainer_utils import seed_worker
+
+    from vaswani_transformer.data import TokenBatchSampler, TranslationDataCollator
+
+    tokenizer = helpers.tiny_tokenizer()
+    ids = [tokenizer(s).input_ids for s in helpers.SOURCES]
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", dataloader_num_workers=2,
+                                    dataloader_persistent_workers=True, dataloader_prefetch_factor=7,
+                                    dataloader_multiprocessing_context="spawn", dataloader_in_order=False)  # fmt: skip
+    loaders = {}
+    for tokens in (64, None):
+        trainer = VaswaniSeq2SeqTrainer(model=helpers.tiny_translation_model(tokenizer), args=args,
+                                        train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}),
+                                        data_collator=TranslationDataCollator(tokenizer), processing_class=tokenizer,
+                                        max_tokens_per_batch=tokens)  # fmt: skip
+        loaders[tokens] = trainer.get_train_dataloader()  # inspected, not iterated: no worker is started
+    ours, theirs = loaders[64], loaders[None]
+    assert isinstance(ours.batch_sampler, TokenBatchSampler)  # token batches still
+    assert (ours.num_workers, ours.persistent_workers, ours.prefetch_factor, ours.in_order) == (2, True, 7, False)
+    assert ours.multiprocessing_context.get_start_method() == "spawn"
+    for name in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "in_order"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert type(ours.multiprocessing_context) is type(theirs.multiprocessing_context)
+    for loader in (ours, theirs):  # each worker seeded by rank and worker number
+        assert (loader.worker_init_fn.func, loader.worker_init_fn.keywords) == (seed_worker, {"num_workers": 2,
+                                                                                            "rank": 0})  # fmt: skip
+
+
 def test_choose_length_penalty_rule():
     """The best score wins; on a tie the first value listed (the paper's 0.6 first keeps it); each value is scored
     once; no values is an error."""

@@ -13,7 +13,9 @@ apply to every row; its ``config_overrides`` of Table 3 fields are replaced by t
 Each row is a real training job (``vaswani_transformer.train.main`` in a child process: rows share no state) in
 ``output_dir/<row>/``, from the row's full recipe written there (``recipe.yaml``: ``vaswani-train`` reruns it). All
 rows share one vocabulary (``output_dir/tokenizer``, trained once), so their perplexities compare. No checkpoint
-averaging (Table 3 used none). After training the runner scores the final weights on the recipe's validation set:
+averaging (Table 3 used none) and no validation decode in training: the recipe's ``length_penalty_grid``,
+``eval_on_start`` and ``generation_config`` are dropped, so rows keep the paper's decoding (no alpha tuned on the dev
+set the table reports). After training the runner scores the final weights on the recipe's validation set:
 
 - dev perplexity: exp of the mean negative log-likelihood per target token (``</s>`` included), without label
   smoothing, dropout off (:func:`dev_perplexity`). The Trainer's ``eval_loss`` is not used: it is label-smoothed
@@ -132,7 +134,8 @@ def row_recipe(recipe: dict[str, Any], row: str, *, scale_factor: float, row_dir
                max_train_minutes: float | None = None, max_eval_samples: int | None = None) -> dict[str, Any]:
     """The training recipe of one row: ``recipe`` (as ``train.load_recipe`` returns it) with the row's scaled model
     (``config_overrides``), its label smoothing, the budget, the seed, the shared tokenizer and this row's folder;
-    training only (validation is the runner's), no checkpoint averaging (one checkpoint kept, to resume from)."""
+    training only (validation is the runner's), no checkpoint averaging (one checkpoint kept, to resume from), the
+    paper's decoding kept (no alpha tuned on the dev set the table reports, no other generation config)."""
     from .train import parse_config_overrides
 
     scaled = scaled_row(row, scale_factor)
@@ -148,7 +151,8 @@ def row_recipe(recipe: dict[str, Any], row: str, *, scale_factor: float, row_dir
         output_dir=str(row_dir),
         tokenizer_name=str(tokenizer_dir),
         max_train_minutes=max_train_minutes,  # None: the budget is updates only (reproducible)
-        do_train=True, do_eval=False, do_predict=False, eval_strategy="no",
+        do_train=True, do_eval=False, do_predict=False, eval_strategy="no", eval_on_start=False,
+        length_penalty_grid=None, generation_config=None,  # the paper's beam 4, alpha 0.6 (the runner's dev BLEU)
         average_last_checkpoints=0, save_total_limit=1,  # no averaging (Table 3 had none): one checkpoint to resume
         resume_from_checkpoint="latest", push_to_hub=False,
     )  # fmt: skip
@@ -459,10 +463,11 @@ the same budget and seed on the data of a recipe, and print dev perplexity and B
 
 Scaling: d_model, d_ff, d_k and d_v are divided by --scale_factor; N, h, P_drop, eps_ls and the positional
 encoding stay as the row sets them. Each row trains in its own folder under --output_dir from the recipe
-written there (recipe.yaml), on one shared vocabulary, without checkpoint averaging. Dev perplexity: exp of the
-mean per-token NLL without label smoothing; dev BLEU: tokenized BLEU as the paper's (and sacreBLEU), with the
-model's decoding (the paper's beam 4, alpha 0.6) or --num_beams. Rows already done are read, not re-run. Writes
-table3.md, table3.csv and table3.png in --output_dir. A small-scale echo of the paper, not a reproduction.
+written there (recipe.yaml), on one shared vocabulary, without checkpoint averaging or the recipe's
+length_penalty_grid (no alpha tuned on the dev set). Dev perplexity: exp of the mean per-token NLL without label
+smoothing; dev BLEU: tokenized BLEU as the paper's (and sacreBLEU), with the model's decoding (the paper's beam 4,
+alpha 0.6) or --num_beams. Rows already done are read, not re-run. Writes table3.md, table3.csv and table3.png in
+--output_dir. A small-scale echo of the paper, not a reproduction.
 """
 
 

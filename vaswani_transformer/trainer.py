@@ -54,7 +54,7 @@ from accelerate.utils.operations import ConvertOutputsToFp32
 from torch.utils.data import DataLoader, SequentialSampler
 from transformers import Seq2SeqTrainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy, has_length
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy, has_length, seed_worker
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .checkpoints import find_last_complete_checkpoint
@@ -581,6 +581,7 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         As transformers' samplers: seeded with ``data_seed`` when given (else ``seed``); ``train_sampling_strategy``
         "sequential" keeps the batches in their length order (no shuffle); the other strategies (random,
         group_by_length, batch_rebalance) are what token batches already do: similar lengths, equal counts per rank.
+        The ``dataloader_*`` worker arguments and worker seeding are transformers' (``Trainer._get_dataloader``).
         """
         if self.max_tokens_per_batch is None:
             return super().get_train_dataloader()
@@ -594,12 +595,22 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             seed=self.args.seed if self.args.data_seed is None else self.args.data_seed,
             shuffle=getattr(self.args, "train_sampling_strategy", "random") != "sequential",
         )
+        args = self.args
+        # The worker settings and worker seeding of transformers' ``Trainer._get_dataloader`` for a training loader
+        # (not its batch_size and drop_last, which a batch_sampler replaces, nor its column removal: the sampler
+        # reads the length columns).
+        seed_workers = functools.partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index)
         loader = DataLoader(
             self.train_dataset,
             batch_sampler=self.train_sampler,
             collate_fn=self.data_collator,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
+            num_workers=args.dataloader_num_workers,
+            pin_memory=args.dataloader_pin_memory,
+            persistent_workers=args.dataloader_persistent_workers,
+            multiprocessing_context=args.dataloader_multiprocessing_context,
+            prefetch_factor=args.dataloader_prefetch_factor,
+            in_order=args.dataloader_in_order,
+            worker_init_fn=seed_workers,
         )
         loader = self.accelerator.prepare(loader)
         # The sampler already gives each rank its own batches: make accelerate's BatchSamplerShard a pass-through.

@@ -532,6 +532,13 @@ def test_tokenizer_config_mismatch_fails_before_training(tmp_path):
     assert not list(out.glob("checkpoint-*")) and not (out / "trainer_state.json").exists()
 
 
+def test_a_generation_config_folder_given_on_the_command_line_is_saved_with_the_arguments(tmp_path):
+    """`--generation_config DIR` (Seq2SeqTrainer loads it into the model) came out of the parser as a Path, which
+    the Trainer's `save_state` (the arguments as JSON) could not write: the run failed after training."""
+    training_args = parse_arguments(["--output_dir", str(tmp_path), "--generation_config", str(tmp_path)])[2]
+    assert json.loads(training_args.to_json_string())["generation_config"] == str(tmp_path)
+
+
 def test_max_source_or_target_length_below_1_is_an_error(tmp_path):
     """A limit below 1 keeps no pair (every side ends with </s>): 0 was silently the default (max_tokens_per_batch), a
     negative value dropped every training pair. Both are refused when the arguments are parsed; 1 is taken."""

@@ -373,6 +373,8 @@ def parse_arguments(argv: list[str] | None = None):
     )
     if rest:
         raise ValueError(f"{unknown_arguments_message(parser, rest)} Unknown arguments: {rest}.")
+    if isinstance(training_args.generation_config, os.PathLike):  # the parser makes a Path: not JSON, saving failed
+        training_args.generation_config = os.fspath(training_args.generation_config)
     check_arguments_take_effect(given, data_args, training_args, flags)
     check_averaged_checkpoints_are_kept(data_args, training_args)
     return model_args, data_args, training_args

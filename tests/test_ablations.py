@@ -130,6 +130,21 @@ def test_unknown_row_is_an_error_listing_the_valid_ones(tmp_path):
     assert not (tmp_path / "out").exists()  # refused before anything was made
 
 
+def float64_nll(reference, data, limit=None) -> tuple[float, int]:
+    """(summed negative log-likelihood, tokens) of each example's first `limit` labels, one sentence at a time."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for example in data:
+            labels = list(example["labels"])[:limit]
+            decoder_input = [reference.config.decoder_start_token_id] + labels[:-1]
+            logits = reference(input_ids=torch.tensor([example["input_ids"]]),
+                               decoder_input_ids=torch.tensor([decoder_input])).logits[0]  # fmt: skip
+            log_probs = torch.log_softmax(logits, dim=-1)
+            total -= sum(float(log_probs[i, label]) for i, label in enumerate(labels))
+            count += len(labels)
+    return total, count
+
+
 def test_dev_perplexity_equals_a_float64_sentence_by_sentence_reference():
     tokenizer = helpers.tiny_tokenizer()
     model = helpers.tiny_translation_model(tokenizer, dropout=0.3).train()  # scored in eval mode all the same
@@ -140,17 +155,8 @@ def test_dev_perplexity_equals_a_float64_sentence_by_sentence_reference():
     got = dev_perplexity(model, data, tokenizer, batch_size=4)  # two batches, padded
     assert model.training
     reference = helpers.tiny_translation_model(tokenizer, dropout=0.3).double().eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for example in data:
-            labels = list(example["labels"])
-            decoder_input = [reference.config.decoder_start_token_id] + labels[:-1]
-            logits = reference(input_ids=torch.tensor([example["input_ids"]]),
-                               decoder_input_ids=torch.tensor([decoder_input])).logits[0]  # fmt: skip
-            log_probs = torch.log_softmax(logits, dim=-1)
-            total -= sum(float(log_probs[i, label]) for i, label in enumerate(labels))
-            count += len(labels)
-    assert labels[-1] == tokenizer.eos_token_id and got["tokens"] == count
+    total, count = float64_nll(reference, data)
+    assert data[-1]["labels"][-1] == tokenizer.eos_token_id and got["tokens"] == count
     assert got["nll_per_token"] == pytest.approx(total / count, rel=1e-5)
     assert got["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
 
@@ -170,16 +176,7 @@ def test_dev_perplexity_counts_the_first_tokens_of_a_reference_longer_than_the_l
     assert lengths[0] <= 16 < lengths[1] and all(len(ids) <= 16 for ids in data["input_ids"])
     got = dev_perplexity(model, data, tokenizer, batch_size=2)  # one padded batch
     reference = helpers.tiny_translation_model(tokenizer, **fields).double().eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for example in data:
-            labels = list(example["labels"])[:16]
-            decoder_input = [reference.config.decoder_start_token_id] + labels[:-1]
-            logits = reference(input_ids=torch.tensor([example["input_ids"]]),
-                               decoder_input_ids=torch.tensor([decoder_input])).logits[0]  # fmt: skip
-            log_probs = torch.log_softmax(logits, dim=-1)
-            total -= sum(float(log_probs[i, label]) for i, label in enumerate(labels))
-            count += len(labels)
+    total, count = float64_nll(reference, data, limit=16)
     assert got["tokens"] == count == lengths[0] + 16
     assert math.isfinite(got["perplexity"])
     assert got["nll_per_token"] == pytest.approx(total / count, rel=1e-5)

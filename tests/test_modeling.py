@@ -210,6 +210,45 @@ def test_loss_is_cross_entropy_ignoring_minus_100_and_decoder_inputs_are_shifted
     torch.testing.assert_close(out.loss, expected)
 
 
+def test_a_plain_seq2seq_trainer_accumulating_gradients_updates_as_one_batch(tmp_path):
+    """transformers' Trainer gives a model whose forward takes **kwargs the update's target-token count
+    (`num_items_in_batch`) and no longer divides its loss by the accumulation steps: the model's loss must be the
+    sum over its tokens divided by that count. Without label smoothing (the model's own loss), 2 micro-batches of 2
+    made a loss and an update twice those of one batch of 4."""
+    from datasets import Dataset
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    from helpers import save_tiny_model
+
+    _, tokenizer = save_tiny_model(tmp_path / "model")
+    targets = ["Zwei Hunde spielen im Schnee.", "Ein Mann.", "Grüße aus Köln, schöne Straße!", "Die Katze schläft."]
+    data = Dataset.from_dict({"en": ["A man.", "Two dogs play.", "Greetings.", "The cat sleeps."], "de": targets})
+    data = data.map(lambda b: tokenizer(b["en"], text_target=b["de"]), batched=True, remove_columns=["en", "de"])
+    model = VaswaniTransformerForConditionalGeneration.from_pretrained(tmp_path / "model")
+    with torch.no_grad():  # the reference: one forward pass over the 4 pairs, the mean over all their tokens
+        batch = DataCollatorForSeq2Seq(tokenizer, model=model)([data[i] for i in range(4)])
+        expected = model(**batch).loss
+    for label_smoothing in (0.0, 0.1):
+        updates, losses = [], []
+        for batch_size, accumulation in ((4, 1), (2, 2)):
+            model = VaswaniTransformerForConditionalGeneration.from_pretrained(tmp_path / "model")
+            before = {name: p.detach().clone() for name, p in model.named_parameters()}
+            args = Seq2SeqTrainingArguments(
+                tmp_path / "out", per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
+                max_steps=1, learning_rate=1.0, optim="sgd", max_grad_norm=0.0, report_to=[], save_strategy="no",
+                use_cpu=True, label_smoothing_factor=label_smoothing, train_sampling_strategy="sequential",
+            )  # fmt: skip
+            trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=data,
+                                     data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))  # fmt: skip
+            losses.append(trainer.train().training_loss)
+            updates.append({name: p.detach() - before[name] for name, p in model.named_parameters()})
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5), label_smoothing
+        if label_smoothing == 0.0:
+            assert losses[0] == pytest.approx(expected.item(), rel=1e-5)
+        for name, update in updates[0].items():
+            torch.testing.assert_close(updates[1][name], update, rtol=1e-4, atol=1e-7, msg=name)
+
+
 def test_base_model_returns_seq2seq_model_output():
     torch.manual_seed(0)
     model = VaswaniTransformerModel(tiny_config()).eval()

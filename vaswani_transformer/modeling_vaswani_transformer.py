@@ -816,6 +816,8 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         decoder_position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
+        # the Trainer's count of target tokens in the whole update (accumulation steps, processes): the loss is their mean
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -837,8 +839,12 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), labels.to(logits.device).view(-1), ignore_index=-100
+                logits.float().view(-1, logits.shape[-1]), labels.to(logits.device).view(-1), ignore_index=-100,
+                reduction="mean" if num_items_in_batch is None else "sum",
             )
+            if num_items_in_batch is not None:
+                count = num_items_in_batch
+                loss = loss / (count.to(loss.device) if torch.is_tensor(count) else count)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,

@@ -1,5 +1,6 @@
 """The paper's decoding (beam 4, GNMT length penalty 0.6, source length + 50) against an independent reference."""
 
+import copy
 import json
 import math
 import shutil
@@ -659,6 +660,10 @@ def test_an_explicit_length_overrides_the_rule_and_trainer_kwargs_are_honoured()
     # A max_length set in the model's generation config (Seq2SeqTrainer fills in 20) does not beat the rule...
     model.generation_config.max_length = 20
     assert model.generate(**inputs, suppress_tokens=[EOS]).shape == (3, 1 + 9 + 50)
+    # ... nor in that config passed back to generate (as is, or saved and read with GenerationConfig.from_pretrained)
+    for passed in (model.generation_config, copy.deepcopy(model.generation_config)):
+        assert model.generate(**inputs, generation_config=passed, suppress_tokens=[EOS]).shape == (3, 1 + 9 + 50)
+    assert model.generate(**inputs, max_length=20, suppress_tokens=[EOS]).shape == (3, 20)  # as a keyword it counts
     # ... unless the rule is switched off.
     model.generation_config.max_len_b = None
     assert model.generate(**inputs, suppress_tokens=[EOS]).shape == (3, 20)

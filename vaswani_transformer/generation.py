@@ -84,10 +84,10 @@ class VaswaniGenerationConfig(GenerationConfig):
     - `max_len_a`, `max_len_b` (numbers or None): each sentence generates at most
       `int(max_len_a * source_length + max_len_b)` tokens, source_length being its number of non-padding tokens
       (its `</s>` included). Used unless `max_length` or `max_new_tokens` is set: passed to `generate`, in a
-      `generation_config` passed to it, or in the model's own generation config (there a `max_length` of 20,
-      transformers' default, which Seq2SeqTrainer writes into it, does not count; and `max_len_a`/`max_len_b`
-      passed to `generate` beat a length saved there); set `max_len_b=None` to fall back to the config's own
-      `max_length`.
+      `generation_config` passed to it, or in the model's own generation config (in a config a `max_length` of 20,
+      transformers' default, which Seq2SeqTrainer writes into the model's, does not count; and `max_len_a`/
+      `max_len_b` passed to `generate` beat a length saved there); set `max_len_b=None` to fall back to the config's
+      own `max_length`.
       With learned positions (Table 3 row E) the rule is capped at the decoder's `max_position_embeddings`.
     """
 
@@ -196,8 +196,8 @@ class VaswaniGenerationMixin(GenerationMixin):
         in transformers' other decoding as one `max_length` for the batch (the longest sentence's limit). It is not
         used where a length is set: `max_length` or `max_new_tokens` passed here, set in the `generation_config`
         passed here, or set in the model's own `generation_config` (saved with it) unless `max_len_a`/`max_len_b` are
-        passed here, except a `max_length` of 20 there (transformers' default, which Seq2SeqTrainer writes into the
-        model's config; pass `max_length=20` to mean it).
+        passed here, except a `max_length` of 20 in a config (transformers' default, which Seq2SeqTrainer writes into
+        the model's config, and so into one saved from it and passed here; pass `max_length=20` to mean it).
         """
         rule_passed = any(
             kwargs.get(name) is not None or getattr(generation_config, name, None) is not None
@@ -358,20 +358,20 @@ def _check_length_fits_learned_positions(config, generation_config, decoder_inpu
 def _length_given(kwargs: dict, generation_config: GenerationConfig | None, model_generation_config) -> bool:
     """Whether `max_length` or `max_new_tokens` is set: passed to `generate`, in the `generation_config` passed to
     it, or in the model's own generation config (None: not asked, because a length rule was passed; transformers
-    fills the unset fields of the former from it). There,
+    fills the unset fields of the former from it). In either config,
     a `max_length` equal to transformers' default (20) does not count: Seq2SeqTrainer writes the defaults into the
     model's generation config after its first evaluation step."""
     if kwargs.get("max_length") is not None or kwargs.get("max_new_tokens") is not None:
         return True
-    if generation_config is not None and (
-        generation_config.max_length is not None or generation_config.max_new_tokens is not None
-    ):
-        return True
     transformers_default = GenerationConfig._get_default_generation_params()["max_length"]
-    saved = model_generation_config
-    if saved is None:  # a length rule passed to `generate` beats the model's saved length
-        return False
-    return saved.max_new_tokens is not None or saved.max_length not in (None, transformers_default)
+
+    def sets_a_length(config) -> bool:  # (the model's own, or one saved from it and passed back)
+        return config.max_new_tokens is not None or config.max_length not in (None, transformers_default)
+
+    if generation_config is not None and sets_a_length(generation_config):
+        return True
+    # a length rule passed to `generate` (model_generation_config None) beats the model's saved length
+    return model_generation_config is not None and sets_a_length(model_generation_config)
 
 
 def _with_field(generation_config: GenerationConfig | None, kwargs: dict, name: str, value) -> GenerationConfig | None:

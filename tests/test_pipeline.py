@@ -192,6 +192,15 @@ def test_language_pair_of_an_exported_model_is_checked(exported, translation_pip
     assert remote.task == "translation_en_to_de" and type(remote).__module__.startswith("transformers_modules.")
     with pytest.raises(ValueError, match="this model translates en->de"):  # not in custom_pipelines: ours checks it
         translation_pipeline("translation_fr_to_de", model=str(exported), trust_remote_code=True)
+    # Languages given per call or at construction are checked the same way (they were ignored: German came back)
+    for translator in (translation_pipeline("translation", model=model, tokenizer=tokenizer), remote):
+        for given in (dict(src_lang="fr"), dict(tgt_lang="fr"), dict(src_lang="fr", tgt_lang="en")):
+            named = ", ".join(f"{k}={v!r}" for k, v in given.items()).split(", ")[0]
+            with pytest.raises(ValueError, match=rf"{named}, but this model translates en->de\."):
+                translator("A man.", **given)
+        assert translator("A man.", src_lang="en", tgt_lang="de") == translator("A man.")
+    with pytest.raises(ValueError, match=r"tgt_lang='fr', but this model translates en->de\."):
+        translation_pipeline("translation", model=model, tokenizer=tokenizer, tgt_lang="fr")
 
 
 def test_learned_positions_truncate_with_warning_or_refuse_when_strict(tmp_path, translation_pipeline, caplog):

@@ -118,7 +118,8 @@ class TranslationPipeline(Pipeline):
 
     Parameters (at construction or per call): `max_source_length` (truncate longer sources, keeping `</s>`, with a
     warning; learned-position models are always limited to `max_position_embeddings`), `strict` (raise instead of
-    truncating), `src_lang`/`tgt_lang` (default: from the task name "translation_XX_to_YY"), transformers 4's
+    truncating), `src_lang`/`tgt_lang` (default: from the task name "translation_XX_to_YY"; one that differs from the
+    model's recorded pair, or the task's, is an error), transformers 4's
     `return_tensors`, `return_text` and `clean_up_tokenization_spaces` (its `truncation` is an error naming
     `max_source_length`), and any generation
     parameter (`num_beams`, `length_penalty`, `length_penalty_type`, `max_len_a`, `max_len_b`, `max_new_tokens`,
@@ -173,6 +174,10 @@ class TranslationPipeline(Pipeline):
         if strict is not None:
             preprocess_params["strict"] = strict
         task_pair = parse_translation_task(self.task) or (None, None)
+        known = model_language_pair(self.model.config) or task_pair  # what this model translates, where known
+        for name, given, expected in (("src_lang", src_lang, known[0]), ("tgt_lang", tgt_lang, known[1])):
+            if given is not None and expected is not None and given != expected:  # one pair per model: not ignored
+                raise ValueError(f"{name}={given!r}, but this model translates {known[0]}->{known[1]}.")
         src_lang = src_lang or task_pair[0]
         if src_lang is not None:
             preprocess_params["src_lang"] = src_lang

@@ -155,14 +155,14 @@ sys.stdout.write(tokenizer.backend_tokenizer.to_str())
 """
 
 
-@pytest.mark.parametrize("model", ["bpe", "wordpiece"])
-def test_the_same_corpus_trains_the_same_tokenizer_in_every_process(model):
+def test_the_same_corpus_trains_the_same_word_piece_tokenizer_in_every_process():
     """Word pieces were numbered in a hash map's order (tokenizers issue #1794), which breaks ties between equally
-    frequent merges: each process (another PYTHONHASHSEED) trained another vocabulary, so a run was not reproducible."""
+    frequent merges: each process (another PYTHONHASHSEED) trained another vocabulary, so a run was not reproducible.
+    (BPE numbers its pieces in a fixed order.)"""
     outputs = set()
     for seed in ("1", "2", "3"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
-        result = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT, model], capture_output=True, text=True,
+        result = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT, "wordpiece"], capture_output=True, text=True,
                                 env=env, timeout=300)  # fmt: skip
         assert result.returncode == 0, result.stderr[-2000:]
         outputs.add(result.stdout)

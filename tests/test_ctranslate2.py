@@ -1,6 +1,7 @@
 """CTranslate2 export: the exported model scores and translates as ours does (float32: token for token)."""
 
 import contextlib
+import copy
 import io
 import json
 import os
@@ -223,6 +224,30 @@ def test_a_length_saved_in_the_generation_config_limits_both_engines_alike(train
         assert got == translate_lines(limited, tokenizer, lines, num_beams=1, **given), given
         lengths = [len(tokenizer(line, add_special_tokens=False).input_ids) for line in got]
         assert max(lengths) == (5 if given else limit), (given, lengths)  # the limit binds (</s> counts in it)
+
+
+def test_the_length_rule_of_an_export_is_the_one_our_generate_applies():
+    """`length_rule` (the CTranslate2 engine's limit from an exported generation config and the options given) against
+    the number of tokens our `generate` makes from the same config and options, with `</s>` forbidden."""
+    from vaswani_transformer.ctranslate2_export import length_rule
+
+    torch.manual_seed(0)
+    model = VaswaniTransformerForConditionalGeneration(VaswaniTransformerConfig(
+        vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, num_heads=2, d_ff=32)).eval()  # fmt: skip
+    sources = torch.tensor([[5, 6, 7, 2, 0, 0, 0], [5, 6, 7, 8, 9, 10, 2]])
+    saved_configs = [{}, {"max_new_tokens": 3}, {"max_length": 6}, {"max_length": 20}, {"max_len_b": None},
+                     {"max_len_b": None, "max_length": 9}, {"max_len_a": 0.5, "max_len_b": 2}]  # fmt: skip
+    paper = copy.deepcopy(model.generation_config)
+    for saved in saved_configs:
+        for given in ({}, {"max_len_a": 0, "max_len_b": 4}):
+            config = copy.deepcopy(paper)
+            config.update(**saved)
+            model.generation_config = config
+            output = model.generate(input_ids=sources, num_beams=1, suppress_tokens=[2, 0], **given)
+            defaults = {**{"max_len_a": 1, "max_len_b": 50}, **saved}
+            a, b = length_rule(defaults, given.get("max_len_a"), given.get("max_len_b"))
+            limits = [int(a * n + b) for n in (4, 7)]
+            assert output.shape[1] - 1 == max(limits), (saved, given)
 
 
 def test_sources_and_outputs_longer_than_the_exported_position_table(trained, tmp_path, caplog):

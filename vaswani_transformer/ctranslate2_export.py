@@ -380,7 +380,7 @@ def length_rule(defaults: dict, max_len_a: float | None = None, max_len_b: float
     """(max_len_a, max_len_b) of a translation with an exported folder, chosen as our `generate` chooses: the rule
     (given here, else saved), unless a length is saved in the generation config and no rule is given here
     (`max_new_tokens`, or `max_length` less the start token; transformers' default 20 does not count) or the rule's
-    `max_len_b` is None (then `max_length`, default 20)."""
+    `max_len_b` is None (then `max_length` less the start token, or with none saved 20 new tokens)."""
     default_max_length = GenerationConfig._get_default_generation_params()["max_length"]
     a = max_len_a if max_len_a is not None else defaults.get("max_len_a", 1)
     b = max_len_b if max_len_b is not None else defaults.get("max_len_b", 50)
@@ -390,7 +390,8 @@ def length_rule(defaults: dict, max_len_a: float | None = None, max_len_b: float
         return a or 0, b
     if defaults.get("max_new_tokens") is not None:
         return 0, defaults["max_new_tokens"]
-    return 0, (saved_max_length or default_max_length) - 1
+    # a saved max_length counts the start token; with none, transformers generates its default number of new tokens
+    return 0, saved_max_length - 1 if saved_max_length is not None else default_max_length
 
 
 def decoding_options(defaults: dict, **given) -> dict:

@@ -219,8 +219,10 @@ class VaswaniGenerationMixin(GenerationMixin):
         saved = None if rule_passed else self.generation_config
         if not _length_given(kwargs, generation_config, saved) and fields["max_len_b"] is not None:
             lengths = _source_lengths(inputs, kwargs, self.config.pad_token_id)
-            # in double precision, as fairseq's int(a * length + b): float32 makes int(1.3 * 90) 116
-            sentence_max_new_tokens = (lengths.double() * (fields["max_len_a"] or 0) + fields["max_len_b"]).long()
+            # in double precision, as fairseq's int(a * length + b): float32 makes int(1.3 * 90) 116 (on the CPU: MPS
+            # has no float64)
+            rule = lengths.cpu().double() * (fields["max_len_a"] or 0) + fields["max_len_b"]
+            sentence_max_new_tokens = rule.long().to(lengths.device)
             if int(sentence_max_new_tokens.min()) < 1:
                 bad = int(sentence_max_new_tokens.argmin())
                 raise ValueError(

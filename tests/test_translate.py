@@ -244,15 +244,21 @@ def test_resume_refuses_an_output_begun_by_another_model_or_options(tmp_path, sa
 
     refused("model", other, tokenizer, source, num_beams=2)
     refused("input", model, tokenizer, tmp_path / "copy.txt", num_beams=2)
-    refused("options", model, tokenizer, source)
-    refused("options", model, tokenizer, source, num_beams=2, length_penalty_type="transformers")
+    refused("decoding", model, tokenizer, source)
+    refused("decoding", model, tokenizer, source, num_beams=2, length_penalty_type="transformers")
     model.generation_config.length_penalty = 1.0
-    refused("generation_config", model, tokenizer, source, num_beams=2)
+    refused("decoding", model, tokenizer, source, num_beams=2)
     model.generation_config.length_penalty = 0.6
+    record.write_text('{"model": ', encoding="utf-8")  # cut short (a kill while it was written)
+    with pytest.raises(ValueError, match=r"the run record .*out.txt.translate.json cannot be read .* delete it"):
+        translate_file(model, tokenizer, source, output, resume=True, num_beams=2)
+    record.write_bytes(begun[1])
     assert main(["--model", str(folder), "-i", str(source), "-o", str(output), "--resume", "--num_beams", "3"]) == 1
     assert "error: --resume: " in capsys.readouterr().err and output.read_bytes() == begun[0]
-    # The same run resumes (other batching is fine): the file equals an uninterrupted run's, and the record goes.
-    assert translate_file(model, tokenizer, source, output, resume=True, num_beams=2, window=3, max_tokens=64) == 7
+    # The same run resumes (other batching, or an option given at the model's own value, is fine): the file equals
+    # an uninterrupted run's, and the record goes.
+    assert translate_file(model, tokenizer, source, output, resume=True, num_beams=2, window=3, max_tokens=64,
+                          length_penalty=model.generation_config.length_penalty) == 7  # fmt: skip
     assert output.read_text(encoding="utf-8").splitlines() == translate_lines(model, tokenizer, LINES, num_beams=2)
     assert not record.exists()
     # An output begun before runs were recorded resumes with a warning that nothing could be checked.
@@ -260,6 +266,12 @@ def test_resume_refuses_an_output_begun_by_another_model_or_options(tmp_path, sa
     with caplog.at_level(logging.WARNING, logger="vaswani_transformer.translate"):
         translate_file(model, tokenizer, source, output, resume=True, num_beams=2)
     assert "no out.txt.translate.json beside" in caplog.text and not record.exists()
+    # No record beside what is not a regular file (/dev/null, a pipe); one that cannot be written is a warning.
+    assert translate_file(model, tokenizer, source, os.devnull) == 7 and not os.path.exists(os.devnull + ".translate.json")
+    record.mkdir()
+    with caplog.at_level(logging.WARNING, logger="vaswani_transformer.translate"):
+        assert translate_file(model, tokenizer, source, output) == 7
+    assert "Could not write the run record" in caplog.text and record.is_dir()
 
 
 def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, saved, capsys, monkeypatch):

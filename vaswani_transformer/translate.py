@@ -313,19 +313,19 @@ BATCHING_OPTIONS = ("window", "max_tokens", "show_progress", "strict", "total") 
 
 
 def run_record(model, input_path, options: dict) -> dict:
-    """What decides an output file's lines: the model (its folder or Hub id), its dtype and generation config, the
-    input, and the decoding options given (`--resume` refuses to continue a file written with others)."""
+    """What decides an output file's lines: the model (its folder or Hub id), its dtype, the input, and the decoding
+    (the generation config with the options given over it; `--resume` refuses to continue a file begun otherwise)."""
     model_name = getattr(model, "name_or_path", "") or ""
-    generation = model.generation_config.to_diff_dict() if getattr(model, "generation_config", None) else {}
+    generation = model.generation_config.to_dict() if getattr(model, "generation_config", None) else {}
     generation.pop("transformers_version", None)
     given = {k: v for k, v in sorted(options.items()) if k not in BATCHING_OPTIONS and v is not None}
     record = {
         "model": os.path.abspath(model_name) if os.path.isdir(model_name) else model_name,
         "revision": getattr(getattr(model, "config", None), "_commit_hash", None),  # a Hub model's commit
         "dtype": str(getattr(model, "dtype", "")).removeprefix("torch."),
-        "generation_config": generation,
         "input": os.path.abspath(input_path) if is_regular_file(input_path) else PIPE_INPUT,
-        "options": given,
+        # what decodes: the generation config with the options given over it (num_beams=4 given = the model's 4)
+        "decoding": {**generation, **given},
     }
     return json.loads(json.dumps(record, default=repr))  # as it reads back from the file
 
@@ -338,8 +338,12 @@ def check_run_record(record_path: str, record: dict, output_name: str) -> None:
                        "came from this model and options cannot be checked.", os.path.basename(record_path),
                        output_name)  # fmt: skip
         return
-    with open(record_path, encoding="utf-8") as file:
-        earlier = json.load(file)
+    try:
+        with open(record_path, encoding="utf-8") as file:
+            earlier = json.load(file)
+    except (OSError, ValueError) as error:  # e.g. cut short by a kill or a full disk while it was written
+        raise ValueError(f"--resume: the run record {record_path} cannot be read ({error}); delete it to continue "
+                         "anyway (what began the output is then not checked).") from error
     pipe = PIPE_INPUT in (earlier.get("input"), record["input"])  # a pipe's lines cannot be told apart from a file's
     changed = [f"{key}: {earlier.get(key)!r} then, {value!r} now" for key, value in record.items()
                if earlier.get(key) != value and not (key == "input" and pipe)]  # fmt: skip
@@ -375,7 +379,9 @@ def translate_file(
     if is_same_file(input_path, output_path):
         raise ValueError(same_file_problem(input_path, output_path))
     skip = prepare_resume(output_path) if resume else 0
-    record_path = None if is_stdio(output_path) else output_name + RUN_RECORD_SUFFIX
+    # a record beside a regular file only (not /dev/null, a pipe or `>(...)`: nothing to resume there)
+    record_path = output_name + RUN_RECORD_SUFFIX if is_regular_file(output_path) or (
+        not is_stdio(output_path) and not os.path.exists(output_path)) else None  # fmt: skip
     if record_path:
         record = run_record(model, input_path, kwargs)
         if skip:
@@ -401,8 +407,13 @@ def translate_file(
     writer = LineWriter(output_path, append=resume)  # makes the output's folder
     try:
         if record_path:
-            with open(record_path, "w", encoding="utf-8") as file:
-                json.dump(record, file, indent=2)
+            try:
+                with open(record_path, "w", encoding="utf-8") as file:
+                    json.dump(record, file, indent=2)
+            except OSError as error:  # (a folder one may write files in but not create them)
+                logger.warning("Could not write the run record %s (%s): --resume will not check what began %s.",
+                               record_path, error, output_name)  # fmt: skip
+                record_path = None
         todo = None if total is None else total - skip  # the progress bar's total
         for chunk in iter_translation_chunks(model, tokenizer, lines, total=todo, source_name=name,
                                              first_line=skip + 1, **kwargs):  # fmt: skip

@@ -117,6 +117,11 @@ def test_an_unquoted_yaml_no_for_a_text_argument_is_an_error_naming_the_key(tmp_
                     "use_cpu: true\nreport_to: none\n", encoding="utf-8")
     _, _, training_args = parse_arguments([str(good)])
     assert training_args.save_strategy == "no" and training_args.do_train and training_args.disable_tqdm
+    # resume_from_checkpoint takes true/false as transformers' Trainer.train does (true: the latest checkpoint)
+    for value, expected in (("true", True), ("false", False)):
+        good.write_text(f"output_dir: {tmp_path / 'run'}\nresume_from_checkpoint: {value}\nuse_cpu: true\n",
+                        encoding="utf-8")  # fmt: skip
+        assert parse_arguments([str(good)])[2].resume_from_checkpoint == expected
 
 
 def test_training_data_with_a_missing_or_directory_side_names_it(tmp_path):

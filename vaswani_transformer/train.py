@@ -292,8 +292,9 @@ def _takes_a_boolean(hint: Any, argument: dataclasses.Field) -> bool:
 
 
 def boolean_argument_names() -> set[str]:
-    """The arguments a recipe may set to true/false (the others take text or numbers)."""
-    names = set()
+    """The arguments a recipe may set to true/false (the others take text or numbers); `resume_from_checkpoint` too,
+    as transformers' `Trainer.train(resume_from_checkpoint=True)` (the latest checkpoint)."""
+    names = {"resume_from_checkpoint"}
     for cls in ARGUMENT_CLASSES:
         hints = typing.get_type_hints(cls)
         names.update(f.name for f in dataclasses.fields(cls) if f.init and _takes_a_boolean(hints[f.name], f))

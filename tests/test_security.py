@@ -294,6 +294,52 @@ def test_push_dry_run_runs_only_our_code_and_never_writes_the_token(tmp_path, mo
     assert [p for p in all_files(tmp_path) if FAKE_TOKEN.encode() in p.read_bytes()] == []
 
 
+def test_an_auto_map_naming_other_code_is_dropped_before_the_validation_runs_it(tmp_path, caplog):
+    # A downloaded folder's tokenizer_config.json and config.json may name code elsewhere (another folder, or a cached
+    # Hub repository: `repo--module.Class`); the export kept those entries, the validation (trust_remote_code=True)
+    # imported that code, and the pushed repository would have handed the reference on to its users.
+    from vaswani_transformer.hub import validate_repository
+
+    marker = tmp_path / "FOREIGN_CODE_RAN"
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "tokenization_evil.py").write_text(
+        f"open({str(marker)!r}, 'a').write('tokenizer code ran\\n')\n"
+        "from transformers import TokenizersBackend\nclass EvilTok(TokenizersBackend):\n    pass\n", encoding="utf-8")
+    (evil / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'a').write('model code ran\\n')\n",
+                                           encoding="utf-8")  # fmt: skip
+    folder = tmp_path / "model"
+    save_tiny_model(folder)
+    for name, key, value in (("tokenizer_config.json", "AutoTokenizer", [None, f"{evil}--tokenization_evil.EvilTok"]),
+                             ("config.json", "AutoModelForCausalLM", f"{evil}--modeling_evil.Evil")):  # fmt: skip
+        data = json.loads((folder / name).read_text(encoding="utf-8"))
+        data["auto_map"] = {**data.get("auto_map", {}), key: value}
+        (folder / name).write_text(json.dumps(data), encoding="utf-8")
+    with caplog.at_level("WARNING", logger="vaswani_transformer.hub"):
+        export_repository(str(folder), tmp_path / "repo", source_lang="en", target_lang="de")
+    assert "dropped auto_map entries naming code other than this package's" in caplog.text
+    assert "auto_map" not in json.loads((tmp_path / "repo" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    auto_map = json.loads((tmp_path / "repo" / "config.json").read_text(encoding="utf-8"))["auto_map"]
+    assert sorted(auto_map) == ["AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"]
+    assert all(value.split(".")[0] in ("configuration_vaswani_transformer", "modeling_vaswani_transformer")
+               for value in auto_map.values())  # fmt: skip
+    validate_repository(tmp_path / "repo")
+    assert not marker.exists()
+
+
+def test_the_card_never_copies_a_file_an_evaluation_report_names(tmp_path):
+    # An evaluation report from elsewhere may name any file as its `source_file` (/proc/self/environ, a key): the card
+    # showed that file's first line as its attention picture's sentence, and the push published it.
+    secret = tmp_path / "secret.txt"
+    secret.write_text(f"HF_TOKEN={FAKE_TOKEN}\n", encoding="utf-8")
+    report = tmp_path / "eval.json"
+    report.write_text(json.dumps({"sacrebleu": 27.3, "source_file": str(secret)}), encoding="utf-8")
+    folder = tmp_path / "model"
+    save_tiny_model(folder)
+    export_repository(str(folder), tmp_path / "repo", source_lang="en", target_lang="de", eval_results=[str(report)])
+    assert [p for p in all_files(tmp_path / "repo") if FAKE_TOKEN.encode() in p.read_bytes()] == []
+
+
 def test_loading_a_folder_never_runs_its_code_unless_asked(tmp_path):
     # Our loaders use the installed classes for a folder whose config names remote code (auto_map): its code files
     # run only with trust_remote_code=True, which only the user turns on (--trust_remote_code).

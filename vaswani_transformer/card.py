@@ -275,15 +275,13 @@ def eval_results_for_card(reports: Sequence[dict], source_lang: str | None, targ
 
 
 def _first_source_line(reports: Sequence[dict], training_run: Path | None) -> str | None:
-    """The first test source sentence the card knows: the first line of an evaluation report's `source_file`, else
-    the first example of the run's `training_summary.json` (its test set's first pair)."""
+    """The first test source sentence the card knows: an evaluation report's `first_source_line`, else the first
+    example of the run's `training_summary.json` (its test set's first pair). A report's `source_file` is never
+    opened: a report from elsewhere could name any file (/proc/self/environ), and the card is published."""
     for report in reports:
-        source = report.get("source_file")
-        if source and Path(source).is_file():
-            with open(source, encoding="utf-8", errors="replace") as f:
-                line = f.readline().strip()
-            if line:
-                return line
+        line = report.get("first_source_line")
+        if isinstance(line, str) and line.strip():
+            return line.strip()
     summary = training_run / "training_summary.json" if training_run is not None else None
     if summary is not None and summary.is_file():
         examples = read_json(summary).get("examples") or []
@@ -343,7 +341,7 @@ def write_card_pictures(
 
     `training_run`: the run whose `trainer_state.json` gives the learning curve (default: `folder` itself, a
     training output folder). `attention_source`: the sentence of the attention picture (default: the first test
-    source line the card knows: an evaluation report's `source_file`, the run's first test example; else
+    source line the card knows: an evaluation report's `first_source_line`, the run's first test example; else
     `example`, the card's usage sentence)."""
     folder = Path(folder)
     run = Path(training_run) if training_run is not None else folder

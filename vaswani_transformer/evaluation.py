@@ -333,7 +333,8 @@ def evaluate_model(
     if hypotheses_file is not None:
         write_lines(hypotheses, hypotheses_file)
 
-    extra = {"source_file": source_name, "reference_file": reference_name}
+    first = next((line.strip() for line in sources if line.strip()), None)  # for a model card's attention picture
+    extra = {"source_file": source_name, "reference_file": reference_name, "first_source_line": first}
     if hypotheses_file is not None:
         extra["hypotheses_file"] = str(hypotheses_file)
     return evaluation_report(

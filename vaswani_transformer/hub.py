@@ -291,8 +291,35 @@ def export_repository(
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
+    keep_only_our_code_references(output_dir)
     write_repository_extras(output_dir, training_info, eval_results, **card_options)
     return output_dir
+
+
+def keep_only_our_code_references(folder: PathLike) -> None:
+    """Drop every `auto_map` entry of the saved config and tokenizer config that names code other than this package's
+    files in the folder: a folder from someone else may name its own or another repository's code (`repo--module.X`),
+    which the validation (`trust_remote_code=True`) would run and the pushed repository would pass on."""
+    ours = {Path(name).stem for name in CODE_FILES}
+    for name in ("config.json", "tokenizer_config.json"):
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        data = read_json(path)
+        auto_map = data.get("auto_map")
+        if not auto_map:
+            continue
+        kept = {key: value for key, value in auto_map.items()
+                if isinstance(value, str) and "--" not in value and value.split(".")[0] in ours}  # fmt: skip
+        dropped = sorted(set(auto_map) - set(kept))
+        if dropped:
+            logger.warning("%s: dropped auto_map entries naming code other than this package's: %s", path,
+                           ", ".join(f"{key}={auto_map[key]!r}" for key in dropped))  # fmt: skip
+            if kept:
+                data["auto_map"] = kept
+            else:
+                del data["auto_map"]
+            path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # -------------------------------------------------------------------------------------- validation and push
@@ -368,8 +395,11 @@ def validate_repository(folder: PathLike, sentence: str = EXAMPLE_SENTENCE, time
     if not (folder / "config.json").is_file():
         raise RepositoryValidationError(f"{folder} has no config.json.")
     with tempfile.TemporaryDirectory(prefix="vaswani-validate-") as scratch:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_MODULES_CACHE=os.path.join(scratch, "modules"))
+        dropped = ("PYTHONPATH", "PYTHONSTARTUP", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_DATASETS_CACHE")
+        env = {k: v for k, v in os.environ.items() if k not in dropped}
+        # an empty Hub cache: code the folder names in a cached repository cannot resolve
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_MODULES_CACHE=os.path.join(scratch, "modules"),
+                   HF_HOME=os.path.join(scratch, "home"), HF_HUB_CACHE=os.path.join(scratch, "home", "hub"))
         try:
             result = subprocess.run(
                 [sys.executable, "-c", _VALIDATION_CODE, str(folder), sentence, _RESULT_PREFIX],

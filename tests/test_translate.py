@@ -238,7 +238,7 @@ def test_resume_refuses_an_output_begun_by_another_model_or_options(tmp_path, sa
     begun = output.read_bytes(), record.read_bytes()
 
     def refused(changed: str, *args, **kwargs):
-        with pytest.raises(ValueError, match=rf"out.txt was begun by another run \({changed}: .* then, .* now\)"):
+        with pytest.raises(ValueError, match=rf"out.txt was begun by another run \({changed}[.:].* then, .* now\)"):
             translate_file(*args, output, resume=True, **kwargs)
         assert (output.read_bytes(), record.read_bytes()) == begun
 
@@ -272,6 +272,19 @@ def test_resume_refuses_an_output_begun_by_another_model_or_options(tmp_path, sa
     with caplog.at_level(logging.WARNING, logger="vaswani_transformer.translate"):
         assert translate_file(model, tokenizer, source, output) == 7
     assert "Could not write the run record" in caplog.text and record.is_dir()
+    record.rmdir()
+    # A length saved in the generation config gives way to a rule given, even at the config's own values: a resume
+    # that gives one where the run did not decodes otherwise. Only the fields that changed are named.
+    model.generation_config.max_new_tokens = 3
+    source.write_bytes(("\n".join(LINES[:3]) + "\n").encode() + b"\xff\n")
+    with pytest.raises(ValueError, match="UTF-8"):
+        translate_file(model, tokenizer, source, output, num_beams=2, window=1)
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError) as refusal:
+        translate_file(model, tokenizer, source, output, resume=True, num_beams=3,
+                       max_len_b=model.generation_config.max_len_b)  # fmt: skip
+    assert "(decoding.num_beams: 2 then, 3 now; length_rule_given: False then, True now)" in str(refusal.value)
+    model.generation_config.max_new_tokens = None
 
 
 def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, saved, capsys, monkeypatch):

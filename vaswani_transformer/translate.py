@@ -317,7 +317,7 @@ def run_record(model, input_path, options: dict) -> dict:
     (the generation config with the options given over it; `--resume` refuses to continue a file begun otherwise)."""
     model_name = getattr(model, "name_or_path", "") or ""
     generation = model.generation_config.to_dict() if getattr(model, "generation_config", None) else {}
-    generation.pop("transformers_version", None)
+    generation = {k: v for k, v in generation.items() if v is not None and k != "transformers_version"}
     given = {k: v for k, v in sorted(options.items()) if k not in BATCHING_OPTIONS and v is not None}
     record = {
         "model": os.path.abspath(model_name) if os.path.isdir(model_name) else model_name,
@@ -326,6 +326,9 @@ def run_record(model, input_path, options: dict) -> dict:
         "input": os.path.abspath(input_path) if is_regular_file(input_path) else PIPE_INPUT,
         # what decodes: the generation config with the options given over it (num_beams=4 given = the model's 4)
         "decoding": {**generation, **given},
+        # a length rule given beats a length saved in the generation config, even at the config's own values
+        "length_rule_given": any(given.get(name) is not None for name in ("max_len_a", "max_len_b"))
+        and (generation.get("max_new_tokens") is not None or generation.get("max_length", 20) != 20),
     }
     return json.loads(json.dumps(record, default=repr))  # as it reads back from the file
 
@@ -345,8 +348,16 @@ def check_run_record(record_path: str, record: dict, output_name: str) -> None:
         raise ValueError(f"--resume: the run record {record_path} cannot be read ({error}); delete it to continue "
                          "anyway (what began the output is then not checked).") from error
     pipe = PIPE_INPUT in (earlier.get("input"), record["input"])  # a pipe's lines cannot be told apart from a file's
-    changed = [f"{key}: {earlier.get(key)!r} then, {value!r} now" for key, value in record.items()
-               if earlier.get(key) != value and not (key == "input" and pipe)]  # fmt: skip
+    changed = []
+    for key, value in record.items():
+        then = earlier.get(key)
+        if then == value or (key == "input" and pipe):
+            continue
+        if isinstance(then, dict) and isinstance(value, dict):  # name the fields that differ, not the whole config
+            changed += [f"{key}.{field}: {then.get(field)!r} then, {value.get(field)!r} now"
+                        for field in sorted(set(then) | set(value)) if then.get(field) != value.get(field)]  # fmt: skip
+        else:
+            changed.append(f"{key}: {then!r} then, {value!r} now")
     if changed:
         raise ValueError(f"--resume: {output_name} was begun by another run ({'; '.join(changed)}); its lines would "
                          f"mix two translations. Resume with the same model, input and options, or delete "

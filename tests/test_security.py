@@ -383,6 +383,33 @@ def test_trust_remote_code_is_turned_on_only_by_the_repository_validation():
 # ------------------------------------------------------------------------------------------ tokens and network
 
 
+def test_resuming_a_checkpoint_whose_optimizer_state_runs_code_is_one_error_line(tmp_path, capsys):
+    # A checkpoint from someone else whose optimizer.pt runs code when unpickled: transformers' weights-only loader
+    # refuses it (the payload never runs); vaswani-train said so with torch's traceback, now in one line.
+    from vaswani_transformer.train import main as train_main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    pairs = [(f"{a} {b}", f"{b} {a}") for a in ("one", "two", "three", "four") for b in ("red", "green", "blue")]
+    for side, texts in (("src", [s for s, _ in pairs]), ("tgt", [t for _, t in pairs])):
+        (data / f"train.{side}").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    common = ["--train_file", str(data / "train"), "--source_lang", "src", "--target_lang", "tgt", "--output_dir",
+              str(tmp_path / "run"), "--do_train", "--config_overrides",
+              "d_model=16,d_ff=32,num_heads=2,encoder_layers=1,decoder_layers=1", "--tokenizer_vocab_size", "280",
+              "--max_tokens_per_batch", "64", "--warmup_steps", "1", "--use_cpu", "--report_to", "none",
+              "--save_steps", "2"]  # fmt: skip
+    run_from_args([*common, "--max_steps", "2"])
+    marker = tmp_path / "PAYLOAD_RAN"
+    optimizer = tmp_path / "run" / "checkpoint-2" / "optimizer.pt"
+    write_hostile_pickle(optimizer, torch.load(optimizer, weights_only=True), marker)
+    with pytest.raises(SystemExit) as exit_info:
+        train_main([*common, "--max_steps", "3", "--resume_from_checkpoint", "latest"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "Traceback" not in err, err
+    assert "error: a file of the checkpoint resumed (optimizer, scheduler or RNG state) holds a pickle" in err
+    assert "GLOBAL exec" in err and not marker.exists(), err[-700:]
+
+
 def test_training_never_prints_or_writes_the_token(tmp_path, monkeypatch, capfd, caplog):
     # A training run (the job behind vaswani-train, in this process) with a token in the environment: checkpoints,
     # training_args.bin, TensorBoard logs, the model card, the averaged model, the summary - none holds it.

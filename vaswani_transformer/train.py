@@ -30,6 +30,7 @@ import dataclasses
 import json
 import logging
 import os
+import pickle
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -1030,8 +1031,9 @@ def end_distributed_job() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Command line of training (``scripts/train.py``, ``vaswani-train``); a bad command line or recipe is one error
     line and exit status 2, as argparse answers; bad input met while running (data files, tokenizer, model config,
-    checkpoint: a ValueError or FileNotFoundError naming it), a loss that is not finite and a checkpoint write that failed
-    (disk full) are one error line and exit status 1."""
+    checkpoint: a ValueError or FileNotFoundError naming it), a loss that is not finite, a checkpoint write that failed
+    (disk full) and a checkpoint's state file that torch's weights-only loader refuses are one error line and exit
+    status 1."""
     try:
         arguments = parse_arguments(argv)
     except (ValueError, FileNotFoundError) as error:
@@ -1049,6 +1051,15 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError, NonFiniteLossError, CheckpointWriteError) as error:
         logger.debug("Training stopped", exc_info=True)
         print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except pickle.UnpicklingError as error:  # torch's weights-only loader refused a state file when resuming
+        logger.debug("Training stopped", exc_info=True)
+        lines = str(error).strip().splitlines()
+        reason = next((line.strip() for line in lines if "Unpickler error" in line), lines[-1] if lines else "")
+        print(f"{Path(sys.argv[0]).name}: error: a file of the checkpoint resumed (optimizer, scheduler or RNG state) "
+              f"holds a pickle that could run code, refused by torch's weights-only loader ({reason}). Resume only "
+              "checkpoints you trust; --model_name_or_path CHECKPOINT starts a new run from its safetensors weights.",
+              file=sys.stderr)  # fmt: skip
         raise SystemExit(1) from None
 
 

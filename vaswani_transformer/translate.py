@@ -379,11 +379,11 @@ def translate_file(
     was read). Line breaks inside a translation become spaces. An output that is the input file is a ValueError.
 
     resume: continue an output file that holds the first K translations (a partial last line is cut off first):
-    skip the first K input lines (of a pipe too: the first K it delivers) and append. While an output file is
-    written, `<output>.translate.json` beside it records the run (`run_record`: model, dtype, generation config,
-    input, options); resuming with another model, input or options is a ValueError, and the record is removed once
-    the file is complete. KeyboardInterrupt (Ctrl-C, or
-    the signals `main` turns into it) becomes `TranslationInterrupted`, saying how many lines the output holds.
+    skip the first K input lines (of a pipe too: the first K it delivers) and append. While a regular output file is
+    written, `<output>.translate.json` beside it records the run (`run_record`: model, dtype, input, decoding);
+    resuming with another is a ValueError naming what changed, and the record is removed once the file is complete.
+    KeyboardInterrupt (Ctrl-C, or the signals `main` turns into it) becomes `TranslationInterrupted`, saying how
+    many lines the output holds.
     kwargs go to `iter_translations`."""
     name = STDIN_NAME if is_stdio(input_path) else os.fspath(input_path)
     output_name = "standard output" if is_stdio(output_path) else os.fspath(output_path)

@@ -19,11 +19,12 @@ import sys
 from collections.abc import Iterable, Sequence
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoTokenizer
 
 from . import cli
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
 from .data import TokenBatchSampler
+from .generation import TRANSFORMERS_DEFAULT_MAX_LENGTH, config_sets_a_length
 from .modeling_vaswani_transformer import VaswaniTransformerForConditionalGeneration
 from .pipeline import source_length_limit
 from .textio import read_lines, write_lines
@@ -381,17 +382,15 @@ def length_rule(defaults: dict, max_len_a: float | None = None, max_len_b: float
     (given here, else saved), unless a length is saved in the generation config and no rule is given here
     (`max_new_tokens`, or `max_length` less the start token; transformers' default 20 does not count) or the rule's
     `max_len_b` is None (then `max_length` less the start token, or with none saved 20 new tokens)."""
-    default_max_length = GenerationConfig._get_default_generation_params()["max_length"]
     a = max_len_a if max_len_a is not None else defaults.get("max_len_a", 1)
     b = max_len_b if max_len_b is not None else defaults.get("max_len_b", 50)
-    saved_max_length = defaults.get("max_length")
-    saved = defaults.get("max_new_tokens") is not None or saved_max_length not in (None, default_max_length)
-    if b is not None and (max_len_a is not None or max_len_b is not None or not saved):
+    if b is not None and (max_len_a is not None or max_len_b is not None or not config_sets_a_length(defaults)):
         return a or 0, b
     if defaults.get("max_new_tokens") is not None:
         return 0, defaults["max_new_tokens"]
     # a saved max_length counts the start token; with none, transformers generates its default number of new tokens
-    return 0, saved_max_length - 1 if saved_max_length is not None else default_max_length
+    saved_max_length = defaults.get("max_length")
+    return 0, saved_max_length - 1 if saved_max_length is not None else TRANSFORMERS_DEFAULT_MAX_LENGTH
 
 
 def decoding_options(defaults: dict, **given) -> dict:

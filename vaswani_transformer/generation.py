@@ -345,10 +345,11 @@ def _check_length_fits_learned_positions(config, generation_config, decoder_inpu
     if getattr(config, "position_encoding", None) != "learned":
         return
     prompt_length = decoder_input_ids.shape[-1] if decoder_input_ids is not None else 1
-    if generation_config.max_new_tokens is not None:
-        asked, name = prompt_length + generation_config.max_new_tokens, f"max_new_tokens={generation_config.max_new_tokens}"
-    elif generation_config.max_length is not None:
-        asked, name = generation_config.max_length, f"max_length={generation_config.max_length}"
+    max_new_tokens, max_length = generation_config.max_new_tokens, generation_config.max_length
+    if max_new_tokens is not None:
+        asked, name = prompt_length + max_new_tokens, f"max_new_tokens={max_new_tokens}"
+    elif max_length is not None:
+        asked, name = max_length, f"max_length={max_length}"
     else:
         return
     if asked > config.max_position_embeddings + 1:
@@ -365,15 +366,20 @@ def _length_given(kwargs: dict, generation_config: GenerationConfig | None, mode
     model's generation config after its first evaluation step."""
     if kwargs.get("max_length") is not None or kwargs.get("max_new_tokens") is not None:
         return True
-    transformers_default = GenerationConfig._get_default_generation_params()["max_length"]
-
-    def sets_a_length(config) -> bool:  # (the model's own, or one saved from it and passed back)
-        return config.max_new_tokens is not None or config.max_length not in (None, transformers_default)
-
-    if generation_config is not None and sets_a_length(generation_config):
+    if generation_config is not None and config_sets_a_length(vars(generation_config)):
         return True
     # a length rule passed to `generate` (model_generation_config None) beats the model's saved length
-    return model_generation_config is not None and sets_a_length(model_generation_config)
+    return model_generation_config is not None and config_sets_a_length(vars(model_generation_config))
+
+
+TRANSFORMERS_DEFAULT_MAX_LENGTH = GenerationConfig._get_default_generation_params()["max_length"]  # 20
+
+
+def config_sets_a_length(fields: dict) -> bool:
+    """Whether a generation config's fields (`vars(config)`, or its saved JSON) set a length: `max_new_tokens`, or a
+    `max_length` other than transformers' default (20), which Seq2SeqTrainer writes into the model's config."""
+    return fields.get("max_new_tokens") is not None or fields.get("max_length") not in (
+        None, TRANSFORMERS_DEFAULT_MAX_LENGTH)  # fmt: skip
 
 
 def _with_field(generation_config: GenerationConfig | None, kwargs: dict, name: str, value) -> GenerationConfig | None:

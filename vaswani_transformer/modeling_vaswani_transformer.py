@@ -816,7 +816,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         decoder_position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
-        # the Trainer's count of target tokens in the whole update (accumulation steps, processes): the loss is their mean
+        # the Trainer's count of target tokens in the update (all accumulation steps, processes): the loss is their mean
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
             use_cache = False

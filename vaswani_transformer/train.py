@@ -1048,19 +1048,21 @@ def main(argv: list[str] | None = None) -> None:
         end_distributed_job()
     # Bad data, tokenizer, config or checkpoint, a loss that is not finite, a checkpoint that could not be written
     # (disk full): each names the problem in one line; the traceback is logged at debug level.
-    except (ValueError, FileNotFoundError, NonFiniteLossError, CheckpointWriteError) as error:
+    except (ValueError, FileNotFoundError, NonFiniteLossError, CheckpointWriteError, pickle.UnpicklingError) as error:
         logger.debug("Training stopped", exc_info=True)
-        print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
+        message = _refused_pickle_message(error) if isinstance(error, pickle.UnpicklingError) else error
+        print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
         raise SystemExit(1) from None
-    except pickle.UnpicklingError as error:  # torch's weights-only loader refused a state file when resuming
-        logger.debug("Training stopped", exc_info=True)
-        lines = str(error).strip().splitlines()
-        reason = next((line.strip() for line in lines if "Unpickler error" in line), lines[-1] if lines else "")
-        print(f"{Path(sys.argv[0]).name}: error: a file of the checkpoint resumed (optimizer, scheduler or RNG state) "
-              f"holds a pickle that could run code, refused by torch's weights-only loader ({reason}). Resume only "
-              "checkpoints you trust; --model_name_or_path CHECKPOINT starts a new run from its safetensors weights.",
-              file=sys.stderr)  # fmt: skip
-        raise SystemExit(1) from None
+
+
+def _refused_pickle_message(error: pickle.UnpicklingError) -> str:
+    """The one line for a resumed checkpoint's state file that torch's weights-only loader refused (its long message's
+    reason line)."""
+    lines = str(error).strip().splitlines()
+    reason = next((line.strip() for line in lines if "Unpickler error" in line), lines[-1] if lines else "")
+    return (f"a file of the checkpoint resumed (optimizer, scheduler or RNG state) holds a pickle that could run code, "
+            f"refused by torch's weights-only loader ({reason}). Resume only checkpoints you trust; --model_name_or_path "
+            "CHECKPOINT starts a new run from its safetensors weights.")
 
 
 __all__ = [

@@ -38,6 +38,7 @@ from transformers import AutoTokenizer
 from . import cli
 from .checkpoints import load_trained_model
 from .data import TokenBatchSampler
+from .generation import config_sets_a_length
 from .pipeline import source_length_limit, truncate_source
 from .textio import (
     STDIN_NAME,
@@ -328,7 +329,7 @@ def run_record(model, input_path, options: dict) -> dict:
         "decoding": {**generation, **given},
         # a length rule given beats a length saved in the generation config, even at the config's own values
         "length_rule_given": any(given.get(name) is not None for name in ("max_len_a", "max_len_b"))
-        and (generation.get("max_new_tokens") is not None or generation.get("max_length", 20) != 20),
+        and config_sets_a_length(generation),
     }
     return json.loads(json.dumps(record, default=repr))  # as it reads back from the file
 

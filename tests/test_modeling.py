@@ -245,8 +245,11 @@ def test_a_plain_seq2seq_trainer_accumulating_gradients_updates_as_one_batch(tmp
         assert losses[1] == pytest.approx(losses[0], rel=1e-5), label_smoothing
         if label_smoothing == 0.0:
             assert losses[0] == pytest.approx(expected.item(), rel=1e-5)
+        # float32 sums in another order differ by a few ulps of the largest update (the keys' biases, whose exact
+        # gradient is 0, are all rounding)
+        atol = 1e-6 * max(float(update.abs().max()) for update in updates[0].values())
         for name, update in updates[0].items():
-            torch.testing.assert_close(updates[1][name], update, rtol=1e-4, atol=1e-7, msg=name)
+            torch.testing.assert_close(updates[1][name], update, rtol=1e-4, atol=atol, msg=name)
 
 
 def test_base_model_returns_seq2seq_model_output():

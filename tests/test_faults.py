@@ -70,14 +70,17 @@ def kill_after_updates(proc: subprocess.Popen, n: int) -> None:
 def test_sigkill_at_several_points_then_resume_matches_the_uninterrupted_run(tmp_path):
     """One run killed three times - while writing checkpoint-8, after some updates, while writing checkpoint-20 - and
     resumed with `--resume_from_checkpoint latest` each time: each resume starts at the last complete checkpoint, the
-    half-written ones are moved aside, and the logged loss of every update equals the uninterrupted run's."""
+    half-written ones are moved aside (and never count among the 3 that `save_total_limit` keeps), the logged loss of
+    every update equals the uninterrupted run's, and the totals are the uninterrupted run's, with only the updates after
+    the last checkpoint counted as this run's."""
     data = write_fixture(tmp_path / "data")
-    run_from_args(tiny_args(data, tmp_path / "ref", *COMMON))  # the uninterrupted run (here: the same code, faster)
+    limit = ["--save_total_limit", "3"]
+    run_from_args(tiny_args(data, tmp_path / "ref", *COMMON, *limit))  # the uninterrupted run (the same code, faster)
     expected = losses(tmp_path / "ref" / "trainer_state.json")
     assert sorted(expected) == list(range(1, STEPS + 1))
 
     out = tmp_path / "run"
-    args = tiny_args(data, out, *COMMON, "--resume_from_checkpoint", "latest")
+    args = tiny_args(data, out, *COMMON, *limit, "--resume_from_checkpoint", "latest")
     half_written = []
 
     def resume_and_kill(kill) -> str | None:
@@ -108,12 +111,19 @@ def test_sigkill_at_several_points_then_resume_matches_the_uninterrupted_run(tmp
     for name in half_written:  # moved aside, never resumed from or averaged
         assert (out / f"incomplete-{name}").is_dir()
     assert [p.name for p in sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))] == [
-        f"checkpoint-{s}" for s in range(EVERY, STEPS + 1, EVERY)
+        f"checkpoint-{s}" for s in range(STEPS - 2 * EVERY, STEPS + 1, EVERY)
     ]
     got = losses(out / "trainer_state.json")
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in got:
         assert got[step] == pytest.approx(expected[step], abs=1e-6), (step, got[step], expected[step])
+    # it resumed (a run from scratch with the same seed gives the same losses): the last run trained only the updates
+    # after checkpoint-16, and the totals are the uninterrupted run's
+    summary = json.loads((out / "training_summary.json").read_text())["summary"]
+    totals = json.loads((tmp_path / "ref" / "training_summary.json").read_text())["summary"]
+    assert summary["updates_this_run"] == STEPS - 16
+    keys = ("updates", "target_tokens_seen", "source_tokens_seen")
+    assert {k: summary[k] for k in keys} == {k: totals[k] for k in keys}
 
 
 def stopped_with(error: str, last_line: str) -> str:

@@ -77,12 +77,13 @@ _HAS_ONEDNN_LINEAR = (
 _ONEDNN_BF16 = _HAS_ONEDNN_LINEAR and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def _cpu_vendor() -> str:
-    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"); "" where there is none."""
+def cpuinfo_field(name: str) -> str:
+    """The first value of a field of /proc/cpuinfo ("vendor_id": "GenuineIntel", "AuthenticAMD"; "flags"); "" where
+    there is none."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("vendor_id"):
+                if line.partition(":")[0].strip() == name:
                     return line.partition(":")[2].strip()
     except OSError:
         pass
@@ -92,7 +93,7 @@ def _cpu_vendor() -> str:
 # Below, oneDNN's call costs more than the packed product saves. MKL multiplies a weight of up to 1 MiB (2^18 float32
 # entries) fast on Intel CPUs at a beam step's 4 rows (packed: 0.68-0.73x), so there only larger ones are packed
 # (2^19: 1.03-1.11x); on AMD CPUs MKL takes a slower path and packing pays from 512 x 512 (1.4x).
-_PACK_MIN_WEIGHTS = 1 << 19 if _cpu_vendor() == "GenuineIntel" else 1 << 18
+_PACK_MIN_WEIGHTS = 1 << 19 if cpuinfo_field("vendor_id") == "GenuineIntel" else 1 << 18
 # Packed at a layer's 4th use in a call: by then its plain products have cost about what packing costs (base's output
 # layer: 3 x 20 ms against 93 ms), so a short output never pays much more than it would have without packing.
 _PACK_AT_USE = 4

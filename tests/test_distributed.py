@@ -192,8 +192,8 @@ def test_two_processes_score_the_model_before_and_after_averaging(tmp_path):
 def test_two_processes_evaluate_and_predict_each_sentence_once_as_one_process_does(tmp_path):
     """Validation and test sets of 13 sentences in batches of 4 per process: accelerate fills the last batch of each
     process with repeated sentences, which evaluation drops again. 2 processes write the same translations (each the
-    model's translation of that line alone), one per line in order, with the same BLEU and chrF as 1 process (before,
-    the file had 3 extra lines and the scores counted them)."""
+    model's translation of that line alone), one per line in order, with the same BLEU, chrF and loss as 1 process
+    (before, the file had 3 extra lines and the scores counted them; the loss was a mean of per-batch means)."""
     from vaswani_transformer.train import run_from_args
 
     model_dir = tmp_path / "model"
@@ -222,8 +222,8 @@ def test_two_processes_evaluate_and_predict_each_sentence_once_as_one_process_do
     assert written["two"] == written["one"] == alone
     assert 0 < one["test"]["test_tokenized_bleu"] < 100 and 0 < one["test"]["test_chrf"] < 100
     for split in ("test", "eval"):  # (sacreBLEU is 0 here: the translations are one 13a token each)
-        for key in ("bleu", "tokenized_bleu", "chrf", "gen_len"):
-            assert two[split][f"{split}_{key}"] == pytest.approx(one[split][f"{split}_{key}"]), (split, key)
+        for key in ("bleu", "tokenized_bleu", "chrf", "gen_len", "loss"):  # loss: the mean over the set's tokens
+            assert two[split][f"{split}_{key}"] == pytest.approx(one[split][f"{split}_{key}"], rel=1e-6), (split, key)
 
 
 # ------------------------------------------------------------------------------------------------------------ FSDP

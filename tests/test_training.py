@@ -1464,3 +1464,43 @@ def test_floating_point_ops_is_transformers_estimate():
     trainer.model = helpers.tiny_model(d_ff=128)
     assert trainer.floating_point_ops(inputs) == Trainer.floating_point_ops(trainer, inputs)
     assert trainer.floating_point_ops({"labels": inputs["labels"]}) == 0
+
+
+def test_the_validation_loss_is_the_mean_over_the_sets_target_tokens_whatever_the_batches(tmp_path):
+    """The Trainer's eval_loss (and test_loss) is the label-smoothed loss per target token of the whole set, as a
+    float64 forward pass of each sentence alone gives it: (1 - eps) * -log p(y) + eps * mean_v -log p(v), summed over
+    every target token (`</s>` included) and divided by their number, for any evaluation batch size, with and without
+    generating translations. transformers' loop averaged per-batch means weighted by sentences: batches of 2 and of 5
+    gave other losses."""
+    model_dir = tmp_path / "model"
+    model, tokenizer = helpers.save_tiny_model(model_dir, seed=18, init_std=0.05)
+    sources = helpers.SOURCES + helpers.CORPUS[:4]
+    references = [" ".join(s.split()[: 1 + i % 6]) for i, s in enumerate(reversed(sources))]  # 1 to 6 words
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "set.src").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    (data / "set.tgt").write_text("".join(r + "\n" for r in references), encoding="utf-8")
+    eps = 0.1
+    reference = model.double().eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for source, target in zip(sources, references):
+            labels = tokenizer(text_target=target).input_ids
+            decoder_input = [reference.config.decoder_start_token_id] + labels[:-1]
+            logits = reference(input_ids=torch.tensor([tokenizer(source).input_ids]),
+                               decoder_input_ids=torch.tensor([decoder_input])).logits[0]  # fmt: skip
+            log_probs = torch.log_softmax(logits, dim=-1)
+            for i, label in enumerate(labels):
+                total += (1 - eps) * -float(log_probs[i, label]) + eps * -float(log_probs[i].mean())
+            count += len(labels)
+    assert len({len(tokenizer(text_target=r).input_ids) for r in references}) >= 4  # lengths differ
+    for batch_size, generate in (("2", "false"), ("5", "false"), ("3", "true")):
+        out = tmp_path / f"out-{batch_size}"
+        run_from_args(["--model_name_or_path", str(model_dir), "--validation_file", str(data / "set"), "--test_file",
+                       str(data / "set"), "--source_lang", "src", "--target_lang", "tgt", "--output_dir", str(out),
+                       "--do_eval", "--do_predict", "--per_device_eval_batch_size", batch_size, "--use_cpu",
+                       "--predict_with_generate", generate, "--label_smoothing_factor", str(eps), "--report_to",
+                       "none", "--disable_tqdm", "true"])  # fmt: skip
+        summary = json.loads((out / "training_summary.json").read_text())
+        for split in ("eval", "test"):
+            assert summary[split][f"{split}_loss"] == pytest.approx(total / count, rel=1e-6), (batch_size, split)

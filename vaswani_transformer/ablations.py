@@ -19,7 +19,7 @@ set the table reports). After training the runner scores the final weights on th
 
 - dev perplexity: exp of the mean negative log-likelihood per target token (``</s>`` included), without label
   smoothing, dropout off (:func:`dev_perplexity`). The Trainer's ``eval_loss`` is not used: it is label-smoothed
-  and averages per-batch means (weighted by sentences, not tokens);
+  (the same mean over target tokens otherwise);
 - dev BLEU: the paper's tokenized BLEU (``evaluation.compute_translation_metrics``) and sacreBLEU of the model's
   translations, decoded as the model's generation config says (the paper's beam 4, alpha 0.6; ``num_beams=1``
   for greedy).

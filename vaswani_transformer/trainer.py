@@ -488,6 +488,8 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         super().__init__(*args, **kwargs)
         self.max_tokens_per_batch = max_tokens_per_batch
         self.train_sampler = None
+        self._eval_sentence_losses = None  # (sentences, 2): each sentence's loss sum and target tokens (last batch)
+        self._eval_loss_totals = None  # float64 [loss sum, target tokens] of the evaluation running now
         self.add_callback(TrainingTotalsCallback(batching={
             "max_tokens_per_batch": max_tokens_per_batch,
             "gradient_accumulation_steps": self.args.gradient_accumulation_steps,
@@ -629,16 +631,42 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         :meth:`evaluation_loop` puts back together.)"""
         return SequentialSampler(eval_dataset) if eval_dataset is not None and has_length(eval_dataset) else None
 
-    def evaluation_loop(self, *args, **kwargs):
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):  # fmt: skip
         """transformers' loop, gathering across processes with ``gather_for_metrics``: `Seq2SeqTrainer`'s evaluate and
         predict set a plain ``gather``, which keeps the sentences accelerate repeats to fill the last batch of every
         process, so that with several processes the predictions gained lines and BLEU counted sentences twice.
         (transformers' reason, several hypotheses per sentence with ``num_return_sequences``, is not translation
-        scored against one reference per sentence.)"""
+        scored against one reference per sentence.)
+
+        The loss it reports is the mean over the set's target tokens (each sentence's sum and token count gathered as
+        the predictions are): transformers' loop averages per-batch means weighted by sentences, so its loss changed
+        with the batch size and the number of processes."""
         self.gather_function = functools.partial(
             self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
         )
-        return super().evaluation_loop(*args, **kwargs)
+        self._eval_loss_totals = torch.zeros(2, dtype=torch.float64)
+        try:
+            output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                             metric_key_prefix)  # fmt: skip
+        finally:
+            totals, self._eval_loss_totals = self._eval_loss_totals, None
+        key = f"{metric_key_prefix}_loss"
+        if key in output.metrics and totals[1] > 0:
+            output.metrics[key] = float(totals[0] / totals[1])
+        return output
+
+    def _gather_sentence_losses(self) -> None:
+        """Add the last batch's sentence loss sums and token counts, gathered from every process (the sentences
+        accelerate repeats to fill a last batch dropped), to the running evaluation's totals."""
+        sentences, self._eval_sentence_losses = self._eval_sentence_losses, None
+        if sentences is None or self._eval_loss_totals is None:
+            return
+        sentences = self.accelerator.gather_for_metrics(sentences.to(self.args.device)).cpu()
+        finite = sentences[:, 0].isfinite()
+        if self.args.logging_nan_inf_filter and finite.any():  # as transformers filters its per-batch losses
+            sentences = sentences[finite]
+        self._eval_loss_totals += sentences.sum(0)
 
     # -- loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -671,7 +699,14 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         labels = labels.to(logits.device)
         divisor = (labels != -100).sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         scale = 1.0 / (divisor.to(logits.device) if torch.is_tensor(divisor) else divisor)
-        loss = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.flatten(), epsilon, scale)
+        if model.training:
+            loss = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.flatten(), epsilon, scale)
+        else:  # each sentence's sum, for the evaluation's mean over all its target tokens (evaluation_loop)
+            with torch.no_grad():
+                sums = torch.stack([label_smoothed_cross_entropy(row, row_labels, epsilon)
+                                    for row, row_labels in zip(logits, labels)])  # fmt: skip
+            self._eval_sentence_losses = torch.stack([sums.double(), (labels != -100).sum(-1).double()], dim=1)
+            loss = sums.sum() * scale
         if num_items_in_batch is not None:
             if self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs:
                 loss = loss * self.accelerator.num_processes  # as Trainer.compute_loss: DDP averages gradients
@@ -778,8 +813,11 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Loss on the batch plus ``generate`` from the source only (the model's generation config: the paper's
         beam search). Unlike `Seq2SeqTrainer`, ``labels`` are not passed to ``generate``."""
+        self._eval_sentence_losses = None
         if not self.args.predict_with_generate or prediction_loss_only:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+            step = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+            self._gather_sentence_losses()
+            return step
         inputs = self._prepare_inputs(inputs)
         if not gen_kwargs and hasattr(self, "_gen_kwargs"):
             gen_kwargs = self._gen_kwargs.copy()
@@ -793,6 +831,7 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             if labels is not None:
                 with self.compute_loss_context_manager():
                     loss = self.compute_loss(model, dict(inputs)).detach()
+        self._gather_sentence_losses()
         return loss, generated, labels
 
     def choose_length_penalty(self, dataset, values) -> dict[str, Any]:

@@ -699,12 +699,11 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         labels = labels.to(logits.device)
         divisor = (labels != -100).sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         scale = 1.0 / (divisor.to(logits.device) if torch.is_tensor(divisor) else divisor)
-        if model.training:
+        if self._eval_loss_totals is None:
             loss = label_smoothed_cross_entropy(logits.flatten(0, 1), labels.flatten(), epsilon, scale)
-        else:  # each sentence's sum, for the evaluation's mean over all its target tokens (evaluation_loop)
-            with torch.no_grad():
-                sums = torch.stack([label_smoothed_cross_entropy(row, row_labels, epsilon)
-                                    for row, row_labels in zip(logits, labels)])  # fmt: skip
+        else:  # in evaluation_loop: each sentence's sum, for the mean over all the set's target tokens
+            sums = torch.stack([label_smoothed_cross_entropy(row, row_labels, epsilon)
+                                for row, row_labels in zip(logits, labels)])  # fmt: skip
             self._eval_sentence_losses = torch.stack([sums.double(), (labels != -100).sum(-1).double()], dim=1)
             loss = sums.sum() * scale
         if num_items_in_batch is not None:

@@ -420,8 +420,9 @@ def test_export_script(trained, tmp_path, capsys):
     assert result.returncode == 0, result.stderr
     for name in ("model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json", "README_ctranslate2.md"):
         assert (tmp_path / "out" / name).exists(), name
-    snippet = (tmp_path / "out" / "README_ctranslate2.md").read_text().split("```python\n")[1].split("```")[0]
-    snippet = snippet.replace("path/to/this/folder", str(tmp_path / "out"))
+    readme = (tmp_path / "out" / "README_ctranslate2.md").read_text()
+    assert "without VNNI" in readme and "CT2_USE_MKL=1" in readme  # int8: where its products saturate
+    snippet = readme.split("```python\n")[1].split("```")[0].replace("path/to/this/folder", str(tmp_path / "out"))
     result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, env=ENV, timeout=300)
     assert result.returncode == 0 and result.stdout.startswith("['"), result.stderr  # the folder's README snippet runs
     # Errors, in process (the same `main`): an existing folder without --force, a quantization it does not offer.
@@ -458,6 +459,7 @@ def test_the_exported_decoding_reaches_python_users_and_the_folders_readme(train
     assert expected == [tokenizer.decode(out) for out in ours(tuned, tokenizer, [tokenizer(line).input_ids],
                                                                   length_penalty_type="transformers")]  # fmt: skip
     readme = (tmp_path / "ct2" / "README_ctranslate2.md").read_text(encoding="utf-8")
+    assert "VNNI" not in readme  # a float32 export
     snippet = readme.split("```python\n")[1].split("```")[0].replace("path/to/this/folder", str(tmp_path / "ct2"))
     assert "beam_size=2, length_penalty=1.4" in snippet
     printed = io.StringIO()

@@ -215,8 +215,17 @@ def export_ctranslate2(
     return output_dir
 
 
+INT8_README_NOTE = """
+int8 weights on an x86 CPU without VNNI (an AMD EPYC of the Zen 2/3 generations, say): CTranslate2 multiplies them with
+oneDNN there (MKL on Intel CPUs), whose int8 products without VNNI saturate, and the translations suffer. Start the
+process with `CT2_USE_MKL=1` (read when ctranslate2 is imported) or use a float32 export; `load_translator` warns where
+this holds.
+"""
+
+
 def _readme(source: str, quantization: str | None, max_positions: int, decoding: dict) -> str:
     beams, alpha, a, b = (decoding[k] for k in ("num_beams", "length_penalty", "max_len_a", "max_len_b"))
+    int8_note = INT8_README_NOTE if (quantization or "").startswith("int8") else ""
     return f"""# CTranslate2 export of {source}
 
 Converted by `vaswani-export-ctranslate2` (weights: {quantization or "as saved"}). The folder holds the tokenizer too:
@@ -247,7 +256,7 @@ Or: `vaswani-translate --engine ctranslate2 --model_name_or_path path/to/this/fo
 
 The position table holds {max_positions} positions (`max_positions` in config.json): CTranslate2 fails on a longer source
 or output, so keep `max_decoding_length` at most {max_positions}; `vaswani-translate` cuts longer sources with a warning.
-"""
+{int8_note}"""
 
 
 def _folder_defaults(model_dir: str) -> dict:

@@ -812,7 +812,6 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Loss on the batch plus ``generate`` from the source only (the model's generation config: the paper's
         beam search). Unlike `Seq2SeqTrainer`, ``labels`` are not passed to ``generate``."""
-        self._eval_sentence_losses = None
         if not self.args.predict_with_generate or prediction_loss_only:
             step = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
             self._gather_sentence_losses()

@@ -57,7 +57,7 @@ from training_token_batches import attention_for, build, model_config, optimizer
 from vaswani_transformer.modeling_vaswani_transformer import Dropout, MultiHeadAttention  # noqa: E402
 from vaswani_transformer.modeling_vaswani_transformer import SublayerConnection  # noqa: E402
 from vaswani_transformer.train import prepare_kernels  # noqa: E402
-from vaswani_transformer.trainer import has_native_bf16  # noqa: E402
+from vaswani_transformer.hardware import has_native_bf16  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
 MEANS = ("compile", "attention", "bernoulli-dropout", "plain-loss", "fp32-logits", "bf16-model",

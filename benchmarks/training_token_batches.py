@@ -54,7 +54,7 @@ from device import peak_memory_mib, reset_peak_memory  # noqa: E402
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration  # noqa: E402
 from vaswani_transformer.flops import model_flops_utilization, training_flops  # noqa: E402
 from vaswani_transformer.train import prepare_kernels  # noqa: E402
-from vaswani_transformer.trainer import has_native_bf16  # noqa: E402
+from vaswani_transformer.hardware import has_native_bf16  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
 SMALL = dict(d_model=256, d_ff=1024, num_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.05)  # the CPU recipe

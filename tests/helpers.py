@@ -2,11 +2,22 @@
 translation models (a trained tokenizer + a random model) for the pipeline, translate and hub tests."""
 
 import textwrap
+from pathlib import Path
 
 import torch
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.tokenization import config_kwargs_from_tokenizer, train_tokenizer
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them in /proc/cpuinfo (independent of torch's probes); empty elsewhere."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+# The flags under which a CPU multiplies each half precision in hardware (Linux's names for the CPUID bits).
+NATIVE_FLAGS = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {"avx512_fp16", "amx_fp16"}}
 
 
 def tiny_config(**overrides) -> VaswaniTransformerConfig:

@@ -690,24 +690,35 @@ def test_attn_implementation_picks_the_training_kernel_and_is_not_saved(tmp_path
     assert AutoModelForSeq2SeqLM.from_pretrained(out).config._attn_implementation == "sdpa"
 
 
-def _cpu_flags() -> set[str]:
-    """The CPU's feature flags as Linux lists them (independent of torch's probes)."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-
-
-def test_bf16_where_native_follows_the_cpu_and_bf16_on_cpu_trains_with_eager_attention(tmp_path):
+def test_bf16_where_native_follows_the_cpu_and_bf16_on_cpu_trains_with_eager_attention(tmp_path, caplog):
     """--bf16_where_native trains in bf16 exactly where the CPU lists avx512_bf16 or amx_bf16, and then (no kernel
-    given) with eager attention, the faster one for bf16 on a CPU; plain --bf16 does too; the model saves sdpa."""
-    if not Path("/proc/cpuinfo").exists():
+    given) with eager attention, the faster one for bf16 on a CPU; plain --bf16 does too, with a warning where the
+    CPU emulates bf16 (several times slower than fp32); the model saves sdpa."""
+    if not helpers.cpu_flags():
         pytest.skip("needs Linux /proc/cpuinfo to know the CPU's features independently")
-    native = bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    native = bool(helpers.cpu_flags() & helpers.NATIVE_FLAGS[torch.bfloat16])
     data = write_fixture(tmp_path / "data", n_train=40)
     for flags, bf16 in ((("--bf16_where_native", "true"), native), (("--bf16", "true"), True)):
         out, record = tmp_path / flags[0].strip("-"), _RecordModel()
+        caplog.clear()
         run_from_args(tiny_args(data, out, "--max_steps", "2", *flags), callbacks=[record])
         assert (record.bf16, record.kernel) == (bf16, "eager" if bf16 else "sdpa"), flags
         assert json.loads((out / "config.json").read_text()).get("_attn_implementation") is None
+        warned = [r.getMessage() for r in caplog.records if "in software" in r.getMessage()]
+        assert len(warned) == (flags[0] == "--bf16" and not native), (flags, warned)
+
+
+def test_fp16_training_on_a_cpu_that_emulates_it_is_warned_about(tmp_path, caplog):
+    """--fp16 on a CPU without AVX-512 FP16 or AMX-FP16 (most CPUs) is kept, with a warning that names the flag."""
+    if not helpers.cpu_flags():
+        pytest.skip("needs Linux /proc/cpuinfo to know the CPU's features independently")
+    caplog.set_level(logging.WARNING)
+    VaswaniTrainingArguments(output_dir=str(tmp_path), use_cpu=True, fp16=True)
+    warned = [r.getMessage() for r in caplog.records if "in software" in r.getMessage()]
+    if helpers.cpu_flags() & helpers.NATIVE_FLAGS[torch.float16]:
+        assert warned == []
+    else:
+        assert len(warned) == 1 and "--fp16" in warned[0] and "float16" in warned[0], warned
 
 
 _MALLOC_PROBE = """

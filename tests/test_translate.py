@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import vaswani_transformer  # noqa: F401
+from vaswani_transformer.hardware import multiplies_natively
 from vaswani_transformer.textio import one_line
 from vaswani_transformer.translate import (
     check_model_folder,
@@ -29,8 +30,10 @@ from vaswani_transformer.translate import (
 )
 
 from helpers import (
+    NATIVE_FLAGS,
     SINGLE_THREAD_ENV,
     SOURCES,
+    cpu_flags,
     generate_texts,
     save_tiny_model,
 )
@@ -107,6 +110,41 @@ def test_translate_lines_bad_input(saved):
         translate_lines(model, tokenizer, ["a", 3])
     with pytest.raises(ValueError, match="max_tokens must be positive"):
         translate_lines(model, tokenizer, ["a"], max_tokens=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_multiplies_natively_follows_the_cpus_flags(dtype):
+    """bf16 is native where Linux lists avx512_bf16 or amx_bf16, fp16 where it lists avx512_fp16 or amx_fp16 (the
+    CPUID bits torch probes, read independently), float32 everywhere."""
+    if not cpu_flags():
+        pytest.skip("needs Linux /proc/cpuinfo to know the CPU's features independently")
+    assert multiplies_natively(dtype, "cpu") == multiplies_by_flags(dtype)
+
+
+def multiplies_by_flags(dtype: torch.dtype) -> bool:
+    """Whether the CPU's flags list an instruction set that multiplies `dtype` (every CPU multiplies float32)."""
+    return dtype not in NATIVE_FLAGS or bool(cpu_flags() & NATIVE_FLAGS[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_a_model_in_a_precision_the_cpu_emulates_is_warned_about(saved, dtype, tmp_path, caplog):
+    """A model loaded (--dtype, or saved so) in a half precision this CPU multiplies in software, several times slower
+    than float32, gets one warning naming the model and --dtype float32; native precisions none. The same for a
+    model saved in that precision and loaded as saved."""
+    if not cpu_flags():
+        pytest.skip("needs Linux /proc/cpuinfo to know the CPU's features independently")
+    folder, emulated = saved[0], not multiplies_by_flags(getattr(torch, dtype))
+    as_saved = tmp_path / dtype
+    shutil.copytree(folder, as_saved)
+    for path, asked in ((folder, dtype), (as_saved, None)):
+        caplog.clear()
+        loaded, _ = load_model_and_tokenizer(path, dtype=asked)
+        assert loaded.dtype == getattr(torch, dtype)
+        warned = [r.getMessage() for r in caplog.records if "in software" in r.getMessage()]
+        assert len(warned) == emulated, warned
+        if emulated:
+            assert str(path) in warned[0] and "--dtype float32" in warned[0] and dtype in warned[0]
+        loaded.save_pretrained(as_saved)  # the second round loads it as saved
 
 
 def test_model_folder_checks(tmp_path, saved):

@@ -72,6 +72,7 @@ from .data import (
 )
 from .evaluation import make_compute_metrics
 from .flops import run_training_cost
+from .hardware import emulated_precision_warning, has_native_bf16
 from .hub import write_repository_extras
 from .pipeline import source_length_limit, truncate_source
 from .synthetic import TASK_LANGUAGES, write_synthetic_task
@@ -83,7 +84,6 @@ from .trainer import (
     NonFiniteLossError,
     VaswaniSeq2SeqTrainer,
     gradient_accumulation_for,
-    has_native_bf16,
     keep_freed_cpu_memory,
     keep_onednn_primitives,
     rank0_decides,
@@ -263,9 +263,16 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
         if not 0 < self.lr_factor < float("inf"):  # a negative factor climbs the loss, 0 trains nothing
             raise ValueError(f"lr_factor must be positive and finite (it multiplies the paper schedule's rates; "
                              f"paper: 1), got {self.lr_factor}.")
+        device_type = "cpu" if self.use_cpu or not torch.cuda.is_available() else "cuda"
         if self.bf16_where_native and not (self.bf16 or self.fp16):
             # Decided before transformers' own checks, which set up mixed precision from --bf16.
-            self.bf16 = has_native_bf16("cpu" if self.use_cpu or not torch.cuda.is_available() else "cuda")
+            self.bf16 = has_native_bf16(device_type)
+        elif self.bf16 or self.fp16:  # asked for: kept, but not silently slow
+            dtype, flag = (torch.bfloat16, "--bf16") if self.bf16 else (torch.float16, "--fp16")
+            warning = emulated_precision_warning(dtype, device_type, f"Training with {flag}",
+                                                 f"leave {flag} out (bf16_where_native picks bf16 where it is native)")
+            if warning:
+                logger.warning(warning)
         super().__post_init__()
 
 

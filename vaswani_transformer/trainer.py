@@ -236,17 +236,6 @@ def outputs_in_compute_dtype(module: torch.nn.Module) -> Iterator[None]:
         module.forward = forward
 
 
-def has_native_bf16(device_type: str) -> bool:
-    """Whether `device_type` ("cpu", "cuda") multiplies bf16 matrices in hardware: CPUs with AVX-512 BF16 or AMX, CUDA
-    GPUs with bf16 (Ampere on). Elsewhere bf16 is emulated, and slower than fp32."""
-    if device_type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
-    if device_type == "cpu":
-        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own CPUID checks
-        return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-    return False
-
-
 def keep_freed_cpu_memory() -> bool:
     """Make glibc's malloc keep freed blocks of up to 1 GiB in the process instead of returning them to the OS.
 

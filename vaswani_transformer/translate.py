@@ -39,6 +39,7 @@ from . import cli
 from .checkpoints import load_trained_model
 from .data import TokenBatchSampler
 from .generation import config_sets_a_length
+from .hardware import warn_if_emulated
 from .pipeline import source_length_limit, truncate_source
 from .textio import (
     STDIN_NAME,
@@ -129,6 +130,7 @@ def load_model_and_tokenizer(
     check_vocabulary_fits(tokenizer, model.config, name)  # before translating anything
     if device is not None:
         model.to(device)
+    warn_if_emulated(model, f"The model {name}", "translate in float32 (--dtype float32)")
     return model.eval(), tokenizer
 
 

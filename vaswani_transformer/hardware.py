@@ -2,8 +2,8 @@
 
 On a CPU without the instructions, PyTorch multiplies bf16 and fp16 matrices in software: a 64 x 512 x 2048 product
 took 5.6 ms in bf16 against 1.3 ms in float32 on an AMD EPYC Zen 5 with ATen and oneDNN held to AVX2 (one thread),
-and 5.7 ms in fp16 on the same CPU as it is (it has AVX-512 BF16, 0.33 ms, but no AVX-512 FP16). Training picks bf16 only where it is native
-(`--bf16_where_native`); a model loaded or asked for in a half precision elsewhere is told about it here.
+and 5.7 ms in fp16 on the same CPU as it is (it has AVX-512 BF16, 0.33 ms, but no AVX-512 FP16). Training picks bf16
+only where it is native (`--bf16_where_native`); a model or a run asked for in a half precision elsewhere is warned.
 """
 
 from __future__ import annotations

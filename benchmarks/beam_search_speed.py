@@ -32,6 +32,10 @@ gets from asking.
 `--kernels` (CPU) adds a table of the decoder's linear layers alone, per weight shape: torch's product against
 oneDNN's on a packed copy of the weight, and the packing.
 
+On a CPU a row of ours with torch's SDPA kernel in the decoding steps too ("SDPA at every step"): our model computes
+a single query's attention (a decoding step) as equation (1) written out instead, on a CPU (see `MultiHeadAttention`).
+`--attention` (CPU) adds a table of the two alone at this run's decoding-step shapes.
+
 `--dtype bfloat16` runs both models in bf16 (weights and activations); `--cudnn-attention off` keeps attention off
 cuDNN's kernel (on a GPU, where PyTorch picks it for bf16 and cuDNN plans every new shape: the key length grows every
 step).
@@ -204,6 +208,9 @@ def main():
     parser.add_argument("--kernels", action="store_true",
                         help="add a table of the decoder's linear layers alone: torch's product against oneDNN's on "
                              "a packed weight, and the packing, per weight shape (CPU)")  # fmt: skip
+    parser.add_argument("--attention", action="store_true",
+                        help="add a table of one decoding step's attention alone: torch's SDPA kernel against "
+                             "equation (1) written out, as our model computes a single query on a CPU")  # fmt: skip
     parser.add_argument("--split", action="store_true",
                         help="add a table of where the time of a fixed-length decoding step goes (ours, MarianMT)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -273,6 +280,9 @@ def main():
             **({"ours, paper beam search, torch's linear products": lambda **x: plain_products(
                 ours.generate, **x, **common
             )} if device.type == "cpu" else {}),
+            **({"ours, paper beam search, SDPA at every step": lambda **x: sdpa_every_step(
+                ours, ours.generate, **x, **common
+            )} if device.type == "cpu" else {}),
             "ours, transformers' beam search": lambda **x: ours.generate(
                 **x, **common, length_penalty_type="transformers"
             ),
@@ -310,6 +320,12 @@ def main():
               f"{args.threads} thread(s), median of 50 calls (packing: of 5)")
         print_table(["weight (out x in)", "layers", "torch's product ms", "packed product ms", "speed-up",
                      "packing ms"], kernel_rows(ours, step_rows))  # fmt: skip
+    if args.attention and device.type == "cpu":
+        step_rows = args.batch_size * args.num_beams
+        print(f"\nattention at a decoding step alone: one query per row, {step_rows} rows (batch x beams), "
+              f"{ours.config.num_heads} heads, {args.dtype}, {args.threads} thread(s), median of 50 calls")
+        print_table(["keys (source or tokens so far)", "torch's SDPA ms", "equation (1) ms", "speed-up"],
+                    attention_rows(ours, step_rows, longest, args.new_tokens, dtype))  # fmt: skip
     if args.split:
         fixed = dict(num_beams=args.num_beams, length_penalty=0.6, **scenarios["fixed"])
         split = {
@@ -324,6 +340,52 @@ def main():
         parts = list(next(iter(split.values())))
         print_table(["decoder", *parts], [[name, *(f"{times[part]:.2f}" for part in parts)]
                                           for name, times in split.items()])  # fmt: skip
+
+
+def sdpa_every_step(model, generate, **kwargs):
+    """`generate` with torch's SDPA kernel for every attention, a decoding step's single query included (registered
+    under another name, so that `MultiHeadAttention` takes it as it comes)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("sdpa_every_step", sdpa_attention_forward)
+    AttentionMaskInterface.register("sdpa_every_step", sdpa_mask)
+    before = model.config._attn_implementation
+    model.set_attn_implementation("sdpa_every_step")
+    try:
+        return generate(**kwargs)
+    finally:
+        model.set_attn_implementation(before)
+
+
+def attention_rows(model, rows: int, source_length: int, new_tokens: int, dtype: torch.dtype) -> list[list]:
+    """One decoding step's attention (one query per row) over the source (cross-attention) and over half and all of
+    the fixed scenario's tokens (self-attention): torch's SDPA kernel against `eager_attention_forward`."""
+    from vaswani_transformer.modeling_vaswani_transformer import eager_attention_forward
+
+    config = model.config
+    attention = model.get_decoder().layers[0].self_attn
+
+    def median_ms(call, count=50):
+        call()
+        times = []
+        for _ in range(count):
+            started = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - started)
+        return 1000 * sorted(times)[count // 2]
+
+    table = []
+    with torch.no_grad():
+        for keys, what in ((source_length, "source"), (max(1, new_tokens // 2), "tokens"), (new_tokens, "tokens")):
+            q = torch.randn(rows, config.num_heads, 1, config.head_dim_k, dtype=dtype)
+            k = torch.randn(rows, config.num_heads, keys, config.head_dim_k, dtype=dtype)
+            v = torch.randn(rows, config.num_heads, keys, config.head_dim_v, dtype=dtype)
+            sdpa = median_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+            eager = median_ms(lambda: eager_attention_forward(attention, q, k, v, None, attention.scaling))
+            table.append([f"{keys} ({what})", f"{sdpa:.3f}", f"{eager:.3f}", f"{sdpa / eager:.2f}x"])
+    return table
 
 
 def kernel_rows(model, rows: int) -> list[list]:

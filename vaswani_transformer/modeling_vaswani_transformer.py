@@ -307,6 +307,22 @@ def eager_attention_forward(
     return output, weights
 
 
+def _one_query_faster_eager(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether equation (1) written out beats torch's SDPA kernel: one query per row (a decoding step) on a CPU in
+    half precision, over 16 keys or more and 256 rows x keys or more. There SDPA's kernel is 2-9x slower (beam search
+    of 16 sentences 1.12-1.18x faster in bf16); in float32, or at fewer keys or rows (one sentence's beams), it is as
+    fast or faster in a whole search (`benchmarks/beam_search_speed.py --attention`)."""
+    keys = key.shape[-2]
+    return (
+        query.shape[-2] == 1
+        and query.dtype in (torch.bfloat16, torch.float16)
+        and query.device.type == "cpu"
+        and keys >= 16
+        and query.shape[0] * keys >= 256
+        and not is_torchdynamo_compiling()
+    )
+
+
 class MultiHeadAttention(nn.Module):
     """Section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
 
@@ -357,7 +373,7 @@ class MultiHeadAttention(nn.Module):
 
         implementation = self.config._attn_implementation
         # SDPA cannot return the weights; its masks are boolean tensors that the eager path takes as they are.
-        if implementation == "sdpa" and kwargs.get("output_attentions", False):
+        if implementation == "sdpa" and (kwargs.get("output_attentions", False) or _one_query_faster_eager(query, key)):
             implementation = "eager"
         elif ("flash" in implementation or "flex" in implementation) and kwargs.get("output_attentions", False):
             raise ValueError(

@@ -308,14 +308,13 @@ def eager_attention_forward(
 
 
 def _one_query_faster_eager(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether equation (1) written out beats torch's SDPA kernel: one query per row (a decoding step) on a CPU in
-    half precision, over 16 keys or more and 256 rows x keys or more. There SDPA's kernel is 2-9x slower (beam search
-    of 16 sentences 1.12-1.18x faster in bf16); in float32, or at fewer keys or rows (one sentence's beams), it is as
-    fast or faster in a whole search (`benchmarks/beam_search_speed.py --attention`)."""
+    """Whether equation (1) written out beats torch's SDPA kernel: one query per row (a decoding step) on a CPU, over
+    16 keys or more and 256 rows x keys or more, where SDPA's kernel is 1.2-1.7x slower in float32 and 2-9x in bf16;
+    at fewer keys or rows (one sentence's beams) its single call costs less than the written-out ops
+    (`benchmarks/beam_search_speed.py --attention`)."""
     keys = key.shape[-2]
     return (
         query.shape[-2] == 1
-        and query.dtype in (torch.bfloat16, torch.float16)
         and query.device.type == "cpu"
         and keys >= 16
         and query.shape[0] * keys >= 256

@@ -32,8 +32,9 @@ gets from asking.
 `--kernels` (CPU) adds a table of the decoder's linear layers alone, per weight shape: torch's product against
 oneDNN's on a packed copy of the weight, and the packing.
 
-On a CPU a row of ours with torch's SDPA kernel in the decoding steps too ("SDPA at every step"): our model computes
-a single query's attention (a decoding step) as equation (1) written out instead, on a CPU (see `MultiHeadAttention`).
+On a CPU a row of ours with torch's SDPA kernel in the decoding steps too ("SDPA at every step"): on a CPU our model
+computes a decoding step's attention (one query per row) as equation (1) written out instead, at 16 keys or more and
+256 rows x keys or more (`modeling_vaswani_transformer._one_query_faster_eager`).
 `--attention` (CPU) adds a table of the two alone at this run's decoding-step shapes.
 
 `--dtype bfloat16` runs both models in bf16 (weights and activations); `--cudnn-attention off` keeps attention off

@@ -343,6 +343,17 @@ def main():
                                           for name, times in split.items()])  # fmt: skip
 
 
+def median_ms(call, count: int) -> float:
+    """The median wall time of `count` calls of `call` after one untimed call, in ms."""
+    call()
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return 1000 * sorted(times)[count // 2]
+
+
 def sdpa_every_step(model, generate, **kwargs):
     """`generate` with torch's SDPA kernel for every attention, a decoding step's single query included (registered
     under another name, so that `MultiHeadAttention` takes it as it comes)."""
@@ -368,23 +379,14 @@ def attention_rows(model, rows: int, source_length: int, new_tokens: int, dtype:
     config = model.config
     attention = model.get_decoder().layers[0].self_attn
 
-    def median_ms(call, count=50):
-        call()
-        times = []
-        for _ in range(count):
-            started = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - started)
-        return 1000 * sorted(times)[count // 2]
-
     table = []
     with torch.no_grad():
         for keys, what in ((source_length, "source"), (max(1, new_tokens // 2), "tokens"), (new_tokens, "tokens")):
             q = torch.randn(rows, config.num_heads, 1, config.head_dim_k, dtype=dtype)
             k = torch.randn(rows, config.num_heads, keys, config.head_dim_k, dtype=dtype)
             v = torch.randn(rows, config.num_heads, keys, config.head_dim_v, dtype=dtype)
-            sdpa = median_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
-            eager = median_ms(lambda: eager_attention_forward(attention, q, k, v, None, attention.scaling))
+            sdpa = median_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), 50)
+            eager = median_ms(lambda: eager_attention_forward(attention, q, k, v, None, attention.scaling), 50)
             table.append([f"{keys} ({what})", f"{sdpa:.3f}", f"{eager:.3f}", f"{sdpa / eager:.2f}x"])
     return table
 
@@ -393,15 +395,6 @@ def kernel_rows(model, rows: int) -> list[list]:
     """Per distinct weight shape of the decoder's linear layers (the output layer included): torch's product, oneDNN's
     on a packed copy, the ratio and the packing itself, in ms (what `packed_cpu_weights` trades)."""
     from vaswani_transformer.modeling_vaswani_transformer import _PACK_MIN_WEIGHTS
-
-    def median_ms(call, count):
-        call()
-        times = []
-        for _ in range(count):
-            started = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - started)
-        return 1000 * sorted(times)[count // 2]
 
     layers = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
     layers.append(model.get_output_embeddings())

@@ -48,11 +48,13 @@ def emulated_precision_warning(dtype: torch.dtype, device_type: str, what: str, 
     if multiplies_natively(dtype, device_type):
         return None
     name = str(dtype).removeprefix("torch.")
-    instructions = "AVX-512 BF16 or AMX" if dtype == torch.bfloat16 else "AVX-512 FP16 or AMX-FP16"
-    if device_type == "cuda":
-        instructions = "a GPU with bf16 (Ampere or later)"
-    return (f"{what} runs in {name} on a {device_type.upper()} that multiplies {name} in software (it lacks "
-            f"{instructions}): several times slower than float32 here; {remedy}.")
+    if device_type == "cuda":  # only bf16 gets here: GPUs before Ampere
+        where, lacks = "a CUDA GPU", "bf16 arrived with Ampere"
+    else:
+        where, lacks = "a CPU", "it lacks " + ("AVX-512 BF16 and AMX" if dtype == torch.bfloat16 else
+                                              "AVX-512 FP16 and AMX-FP16")  # fmt: skip
+    return (f"{what} runs in {name} on {where} that multiplies {name} in software ({lacks}): several times slower "
+            f"than float32 here; {remedy}.")
 
 
 def warn_if_emulated(model: torch.nn.Module, what: str, remedy: str) -> str | None:

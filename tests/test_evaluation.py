@@ -13,7 +13,7 @@ import pytest
 import sacrebleu
 import sacremoses
 import torch
-from transformers import EvalPrediction
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EvalPrediction
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.evaluation import (
@@ -30,6 +30,8 @@ from vaswani_transformer.evaluation import (
     tokenized_bleu,
 )
 from vaswani_transformer.tokenization import config_kwargs_from_tokenizer, train_tokenizer
+
+from helpers import NATIVE_FLAGS, cpu_flags
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -383,6 +385,37 @@ def test_cli_translates_and_scores(model_dir, tmp_path):
         evaluation_report(HYPOTHESES, REFERENCES, target_lang="de", hypotheses_file=str(tmp_path / "given.de"),
                           reference_file=str(tmp_path / "ref.de"))
     ))  # fmt: skip
+
+
+def test_cli_dtype_loads_the_weights_in_it_and_the_report_says_so(model_dir, tmp_path, capsys, caplog):
+    """`vaswani-evaluate --dtype bfloat16` translates with the weights in bf16 (the translations of the model loaded
+    so) and the report names the dtype (float32 as saved without it); a half precision this CPU only emulates is
+    warned about; --dtype beside --hypotheses is a command-line error."""
+    from vaswani_transformer.evaluation import main
+    from vaswani_transformer.translate import translate_lines
+
+    (tmp_path / "test.en").write_text("Ein Mann mit Hut.\nZwei Kinder.\nEin Haus am Fluss.\n", encoding="utf-8")
+    (tmp_path / "test.de").write_text("Ein Mann.\nZwei Kinder.\nEin Haus.\n", encoding="utf-8")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    for dtype, expected in ((None, "float32"), ("bfloat16", "bfloat16"), ("float16", "float16")):
+        caplog.clear()
+        dtype_args = ["--dtype", dtype] if dtype else []
+        hypotheses = tmp_path / f"hyp.{expected}"
+        assert main(["--model_name_or_path", str(model_dir), "--test_file", str(tmp_path / "test"), "--source_lang",
+                     "en", "--target_lang", "de", "--hypotheses_file", str(hypotheses), *dtype_args]) == 0  # fmt: skip
+        report = json.loads(capsys.readouterr().out)
+        assert report["model_dtype"] == expected
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, dtype=getattr(torch, expected)).eval()
+        lines = (tmp_path / "test.en").read_text(encoding="utf-8").splitlines()
+        assert hypotheses.read_text(encoding="utf-8").splitlines() == list(translate_lines(model, tokenizer, lines))
+        warned = [r.getMessage() for r in caplog.records if "in software" in r.getMessage()]
+        if cpu_flags():  # Linux: what the CPU multiplies natively, read independently of torch
+            torch_dtype = getattr(torch, expected)
+            native = torch_dtype not in NATIVE_FLAGS or cpu_flags() & NATIVE_FLAGS[torch_dtype]
+            assert len(warned) == (not native), warned
+    with pytest.raises(SystemExit):
+        main(["--hypotheses", str(tmp_path / "test.de"), "--reference", str(tmp_path / "test.de"), "--dtype", "fp32"])
+    assert "--dtype is for translating" in capsys.readouterr().err
 
 
 def test_cli_reports_bad_input_as_an_error(model_dir, tmp_path, capsys):

@@ -35,6 +35,7 @@ from . import cli
 from .checkpoints import load_trained_model
 from .data import check_parallel_text_files, resolve_text_pair
 from .generation import PAPER_GENERATION_DEFAULTS
+from .hardware import warn_if_emulated
 from .metrics.paper_bleu.paper_bleu import (
     _reference_streams,
     moses_tokenize,
@@ -44,7 +45,7 @@ from .metrics.paper_bleu.paper_bleu import (
 )
 from .textio import iter_lines, write_lines
 from .tokenization import check_vocabulary_fits
-from .translate import add_decoding_arguments, decoding_arguments, translate_lines
+from .translate import DTYPES, add_decoding_arguments, decoding_arguments, resolve_dtype, translate_lines
 
 
 PathLike = str | os.PathLike
@@ -237,7 +238,7 @@ def evaluation_report(
     Fields: model, source_lang, target_lang, num_sentences, sacrebleu, sacrebleu_signature, chrf,
     chrf_signature, tokenized_bleu, tokenized_bleu_signature, bleu_details (sacreBLEU's counts, totals,
     precisions, bp, sys_len, ref_len), tokenized_bleu_details (the same for the tokenized BLEU), decoding,
-    plus any `extra` fields (e.g. source_file, reference_file).
+    plus any `extra` fields (e.g. source_file, reference_file; `evaluate_model` adds model_dtype, the weights' dtype).
     """
     scores = compute_translation_metrics(hypotheses, references, target_lang=target_lang, tokenize=tokenize)
     report = {
@@ -278,6 +279,7 @@ def evaluate_model(
     output_json: PathLike | None = None,
     hypotheses_file: PathLike | None = None,
     device: str | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> dict[str, Any]:
     """Translate a test set and score it (see `evaluation_report` for the returned/written fields).
 
@@ -289,6 +291,8 @@ def evaluate_model(
         `vaswani_transformer.translate.translate_lines` (the model's generation config: the paper's decoding).
     hypotheses_file: where to write the translations, one per line.
     device: move the model there first (default: leave it where it is).
+    dtype: load a model folder's weights in this dtype ("bfloat16", torch.bfloat16; default: as saved), with a
+        warning where the device only emulates it.
     """
     if dataset is not None:
         if sources is not None or references is not None:
@@ -314,9 +318,12 @@ def evaluate_model(
         model_name = str(model_or_path)
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(model_or_path)
-        model = load_trained_model(model_or_path)  # one-line errors: unsafe pickle, truncated, other shapes/names
+        dtype_kwargs = {} if dtype is None else {"dtype": resolve_dtype(dtype)}
+        model = load_trained_model(model_or_path, **dtype_kwargs)  # one-line errors: unsafe pickle, truncated, ...
         check_vocabulary_fits(tokenizer, model.config, model_name)  # before translating anything
     else:
+        if dtype is not None:
+            raise ValueError("`dtype` is for a model folder; convert a model object with `model.to(dtype)`.")
         model = model_or_path
         model_name = getattr(model, "name_or_path", None) or type(model).__name__
         if tokenizer is None:
@@ -324,6 +331,7 @@ def evaluate_model(
     if device is not None:
         model.to(device)
     model.eval()
+    warn_if_emulated(model, f"The model {model_name}", "evaluate in float32 (--dtype float32)")
 
     translate_fn = translate_fn or translate_lines
     with torch.inference_mode():
@@ -334,7 +342,8 @@ def evaluate_model(
         write_lines(hypotheses, hypotheses_file)
 
     first = next((line.strip() for line in sources if line.strip()), None)  # for a model card's attention picture
-    extra = {"source_file": source_name, "reference_file": reference_name, "first_source_line": first}
+    extra = {"source_file": source_name, "reference_file": reference_name, "first_source_line": first,
+             "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}  # fmt: skip
     if hypotheses_file is not None:
         extra["hypotheses_file"] = str(hypotheses_file)
     return evaluation_report(
@@ -415,6 +424,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Extra keyword for the translate function (VALUE parsed as JSON when possible); repeatable.",
     )  # fmt: skip
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available, else cpu).")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="Weights dtype (default: as saved).")
     args = parser.parse_args(argv)
 
     if args.test_file:
@@ -433,6 +443,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--reference (or --test_file) is required.")
     if args.model_name_or_path and args.source is None:
         parser.error("--model_name_or_path needs --source (or --test_file).")
+    if args.hypotheses and args.dtype:
+        parser.error("--dtype is for translating with --model_name_or_path, not for scoring --hypotheses.")
     decoding = {}
     for item in args.decoding:
         key, sep, value = item.partition("=")
@@ -465,7 +477,7 @@ def main(argv=None) -> int:
             report = evaluate_model(
                 args.model_name_or_path, args.source, args.reference, source_lang=args.source_lang,
                 target_lang=args.target_lang, decoding=args.decoding, tokenize=args.tokenize,
-                output_json=args.output_json, hypotheses_file=args.hypotheses_file, device=device,
+                output_json=args.output_json, hypotheses_file=args.hypotheses_file, device=device, dtype=args.dtype,
             )  # fmt: skip
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -20,6 +20,11 @@ def cpu_flags() -> set[str]:
 NATIVE_FLAGS = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {"avx512_fp16", "amx_fp16"}}
 
 
+def multiplies_by_flags(dtype: torch.dtype) -> bool:
+    """Whether the CPU's flags list an instruction set that multiplies `dtype` (every CPU multiplies float32)."""
+    return dtype not in NATIVE_FLAGS or bool(cpu_flags() & NATIVE_FLAGS[dtype])
+
+
 def tiny_config(**overrides) -> VaswaniTransformerConfig:
     """A 2+2-layer model of width 32 (4 heads, d_ff 64, vocabulary 50, no dropout); `overrides` change any field."""
     fields = dict(vocab_size=50, d_model=32, encoder_layers=2, decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0)

@@ -31,7 +31,7 @@ from vaswani_transformer.evaluation import (
 )
 from vaswani_transformer.tokenization import config_kwargs_from_tokenizer, train_tokenizer
 
-from helpers import NATIVE_FLAGS, cpu_flags
+from helpers import cpu_flags, multiplies_by_flags
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -410,9 +410,7 @@ def test_cli_dtype_loads_the_weights_in_it_and_the_report_says_so(model_dir, tmp
         assert hypotheses.read_text(encoding="utf-8").splitlines() == list(translate_lines(model, tokenizer, lines))
         warned = [r.getMessage() for r in caplog.records if "in software" in r.getMessage()]
         if cpu_flags():  # Linux: what the CPU multiplies natively, read independently of torch
-            torch_dtype = getattr(torch, expected)
-            native = torch_dtype not in NATIVE_FLAGS or cpu_flags() & NATIVE_FLAGS[torch_dtype]
-            assert len(warned) == (not native), warned
+            assert len(warned) == (not multiplies_by_flags(getattr(torch, expected))), warned
     with pytest.raises(SystemExit):
         main(["--hypotheses", str(tmp_path / "test.de"), "--reference", str(tmp_path / "test.de"), "--dtype", "fp32"])
     assert "--dtype is for translating" in capsys.readouterr().err

@@ -696,7 +696,7 @@ def test_bf16_where_native_follows_the_cpu_and_bf16_on_cpu_trains_with_eager_att
     CPU emulates bf16 (several times slower than fp32); the model saves sdpa."""
     if not helpers.cpu_flags():
         pytest.skip("needs Linux /proc/cpuinfo to know the CPU's features independently")
-    native = bool(helpers.cpu_flags() & helpers.NATIVE_FLAGS[torch.bfloat16])
+    native = helpers.multiplies_by_flags(torch.bfloat16)
     data = write_fixture(tmp_path / "data", n_train=40)
     for flags, bf16 in ((("--bf16_where_native", "true"), native), (("--bf16", "true"), True)):
         out, record = tmp_path / flags[0].strip("-"), _RecordModel()
@@ -715,7 +715,7 @@ def test_fp16_training_on_a_cpu_that_emulates_it_is_warned_about(tmp_path, caplo
     caplog.set_level(logging.WARNING)
     VaswaniTrainingArguments(output_dir=str(tmp_path), use_cpu=True, fp16=True)
     warned = [r.getMessage() for r in caplog.records if "in software" in r.getMessage()]
-    if helpers.cpu_flags() & helpers.NATIVE_FLAGS[torch.float16]:
+    if helpers.multiplies_by_flags(torch.float16):
         assert warned == []
     else:
         assert len(warned) == 1 and "--fp16" in warned[0] and "float16" in warned[0], warned

@@ -30,11 +30,11 @@ from vaswani_transformer.translate import (
 )
 
 from helpers import (
-    NATIVE_FLAGS,
     SINGLE_THREAD_ENV,
     SOURCES,
     cpu_flags,
     generate_texts,
+    multiplies_by_flags,
     save_tiny_model,
 )
 
@@ -119,11 +119,6 @@ def test_multiplies_natively_follows_the_cpus_flags(dtype):
     if not cpu_flags():
         pytest.skip("needs Linux /proc/cpuinfo to know the CPU's features independently")
     assert multiplies_natively(dtype, "cpu") == multiplies_by_flags(dtype)
-
-
-def multiplies_by_flags(dtype: torch.dtype) -> bool:
-    """Whether the CPU's flags list an instruction set that multiplies `dtype` (every CPU multiplies float32)."""
-    return dtype not in NATIVE_FLAGS or bool(cpu_flags() & NATIVE_FLAGS[dtype])
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])

@@ -97,6 +97,14 @@ _PACK_MIN_WEIGHTS = 1 << 19 if cpuinfo_field("vendor_id") == "GenuineIntel" else
 # Packed at a layer's 4th use in a call: by then its plain products have cost about what packing costs (base's output
 # layer: 3 x 20 ms against 93 ms), so a short output never pays much more than it would have without packing.
 _PACK_AT_USE = 4
+# MKL multiplies float32 on its AVX2 path on x86 CPUs other than Intel's, oneDNN on AVX-512: 2.1-2.3x faster there
+# (Zen 5, 2 threads) from 16 rows up; below, MKL's lighter call wins. With AVX2 alone the two are within 10%.
+_ONEDNN_FP32_FASTER = (
+    _HAS_ONEDNN_LINEAR
+    and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    and cpuinfo_field("vendor_id") not in ("GenuineIntel", "")
+)
+_ONEDNN_MIN_ROWS = 16
 _PACKED_WEIGHTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("packed_weights", default=None)
 
 
@@ -129,23 +137,72 @@ def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def _onednn_multiplies_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `Linear` multiplies float32 through oneDNN on W as stored: where MKL is the slower (`_ONEDNN_FP32_FASTER`),
+    a CPU, at least `_ONEDNN_MIN_ROWS` rows, no autocast (it would multiply in its own dtype), not traced, mkldnn on."""
+    return (
+        _ONEDNN_FP32_FASTER
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.numel() >= _ONEDNN_MIN_ROWS * x.shape[-1]
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.jit.is_tracing()
+        and torch.backends.mkldnn.enabled
+    )
+
+
+def _onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """xW^T + b by oneDNN (strided operands as they are: a transposed view is not copied)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """xW^T + b and its gradients, dL/dx = g W, dL/dW = g^T x, dL/db = sum of g over rows, each product by oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn_product(x, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_rows = grad.reshape(-1, grad.shape[-1])
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn_product(grad_rows, weight.t()).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            grad_weight = _onednn_product(grad_rows.t(), x.reshape(-1, x.shape[-1]).t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_rows.sum(0)
+        return grad_x, grad_weight, grad_bias
+
+
 class Linear(nn.Linear):
     """xW^T + b; inside `packed_cpu_weights`, from its fourth use on, through oneDNN on a packed copy of W (of at
     least 512 x 512 entries, 512 x 1024 on Intel CPUs): MKL's product on W as stored is 1.1-3x slower on x86, most at
-    the few rows of a beam search step and the largest W."""
+    the few rows of a beam search step and the largest W. In float32 on AMD (and other non-Intel) AVX-512 CPUs, where
+    MKL takes its AVX2 path, through oneDNN on W as stored otherwise, training's gradients included."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Outside a packing block (training, compiled graphs) nothing else is checked.
-        packs = None if is_torchdynamo_compiling() else _PACKED_WEIGHTS.get()
-        if packs is None or not _onednn_packs(x, self.weight):
+        if is_torchdynamo_compiling():  # compiled graphs: inductor picks its own products
             return super().forward(x)
-        packed = packs.get(self, 0)  # the uses so far, until packed
-        if isinstance(packed, int):
-            if packed + 1 < _PACK_AT_USE:
-                packs[self] = packed + 1
-                return super().forward(x)
-            packed = packs[self] = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
-        return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        packs = _PACKED_WEIGHTS.get()
+        if packs is not None and _onednn_packs(x, self.weight):
+            uses = packs.get(self, 0)  # the uses so far, until packed
+            if isinstance(uses, int) and uses + 1 >= _PACK_AT_USE:
+                uses = packs[self] = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+            if not isinstance(uses, int):
+                return _onednn_product(x, uses, self.bias)
+            packs[self] = uses + 1
+        if _onednn_multiplies_float32(x, self.weight):
+            if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+                return _OneDNNLinear.apply(x, self.weight, self.bias)
+            return _onednn_product(x, self.weight, self.bias)
+        return super().forward(x)
 
 
 # 3.5 Positional encoding ---------------------------------------------------------------------------------------------

@@ -1011,6 +1011,44 @@ def test_float32_linear_through_onednn_gives_xw_plus_b_and_its_gradients_as_clos
 
 
 @onednn
+def test_onednn_products_without_autograd_see_at_most_16_row_counts_per_doubling_and_give_xw_plus_b(monkeypatch):
+    """oneDNN keeps the kernels it compiles for each row count for good, so without autograd (decoding, translating:
+    every row count up to a batch's) its products take rows zero-padded to one of 16 sizes per doubling from 32 on
+    (at most 1/16 more); the result, the padding's rows dropped, is x W^T + b in float64 for each of 1-300 rows, on a
+    weight as stored (float32, where `_ONEDNN_FP32_FASTER`) and on a packed one. Training's products are not padded."""
+    from vaswani_transformer import modeling_vaswani_transformer as modeling
+
+    monkeypatch.setattr(modeling, "_ONEDNN_FP32_FASTER", True)
+    torch.manual_seed(0)
+    linear = modeling.Linear(512, 1040)  # packed on any CPU
+    w, b = linear.weight.detach().double(), linear.bias.detach().double()
+    for packed in (False, True):
+        seen = set()
+        with torch.no_grad(), modeling.packed_cpu_weights() if packed else contextlib.nullcontext():
+            for _ in range(3 if packed else 0):  # packed from the fourth use
+                linear(torch.randn(2, 512))
+            for rows in range(1, 301):
+                x = torch.randn(rows, 512) if rows % 2 else torch.randn(1, rows, 512)  # 2-D and 3-D
+                with torch.profiler.profile(record_shapes=True) as profile:
+                    y = linear(x)
+                shapes = [event.input_shapes[0] for event in profile.events()
+                          if event.name == "mkldnn::_linear_pointwise"]  # fmt: skip
+                assert len(shapes) == (1 if rows >= 16 or packed else 0)
+                for shape in shapes:
+                    multiplied = math.prod(shape[:-1])  # the rows oneDNN multiplied
+                    assert rows <= multiplied <= rows * 17 / 16 and (rows >= 32 or multiplied == rows), (rows, shape)
+                    seen.add(multiplied)
+                assert y.shape == (*x.shape[:-1], 1040)
+                torch.testing.assert_close(y.double(), x.double() @ w.T + b, rtol=1e-5, atol=1e-5)
+        for octave in (32, 64, 128, 256):
+            assert len({rows for rows in seen if octave <= rows < 2 * octave}) <= 16, sorted(seen)
+    x = torch.randn(37, 512, requires_grad=True)
+    with torch.profiler.profile(record_shapes=True) as profile:
+        linear(x)
+    assert [e.input_shapes[0][0] for e in profile.events() if e.name == "mkldnn::_linear_pointwise"] == [37]
+
+
+@onednn
 def test_generate_on_packed_weights_gives_the_plain_paths_tokens_and_follows_every_kind_of_weight_update():
     """`generate` packs the decoder's weights (each used once per step: packed at the 4th step) and gives the tokens
     and scores of torch's own product (mkldnn off); after each way of changing weights that torch does not count as a

@@ -80,8 +80,8 @@ def model_flops_utilization(flops: float, seconds: float, peak_flops_per_second:
 
 def measure_matmul_peak(dtype="float32", size: int = 2048, seconds: float = 2.0, device: str = "cpu") -> float:
     """Measured FLOP/s of square `size` x `size` matrix products in `dtype` for about `seconds` (2 n^3 per product),
-    with the torch threads currently set: the peak that a model FLOPs utilisation is measured against. On a CPU with
-    oneDNN, the faster of torch's product and oneDNN's (each for half the time): the model's `Linear` multiplies
+    with the torch threads currently set: the peak that a model FLOPs utilisation is measured against. In float32 on a
+    CPU with oneDNN, the faster of torch's product and oneDNN's (each for half the time): the model's `Linear` multiplies
     float32 through oneDNN where MKL's product is the slower (AMD CPUs with AVX-512, at about half oneDNN's rate)."""
     import time
 
@@ -98,7 +98,8 @@ def measure_matmul_peak(dtype="float32", size: int = 2048, seconds: float = 2.0,
     sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)
     out = torch.empty(size, size, device=device, dtype=dtype)
     products = [lambda: torch.mm(a, b, out=out)]
-    if not on_gpu and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    if not on_gpu and dtype == torch.float32 and onednn:  # in bf16 torch's product is oneDNN's already
         products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))  # a b^T
     # A GPU runs products asynchronously: queue several between waits, so that the wait is not what gets measured.
     queued = 10 if on_gpu else 1

@@ -93,7 +93,8 @@ def cpuinfo_field(name: str) -> str:
 # Below, oneDNN's call costs more than the packed product saves. MKL multiplies a weight of up to 1 MiB (2^18 float32
 # entries) fast on Intel CPUs at a beam step's 4 rows (packed: 0.68-0.73x), so there only larger ones are packed
 # (2^19: 1.03-1.11x); on AMD CPUs MKL takes a slower path and packing pays from 512 x 512 (1.4x).
-_PACK_MIN_WEIGHTS = 1 << 19 if cpuinfo_field("vendor_id") == "GenuineIntel" else 1 << 18
+_CPU_VENDOR = cpuinfo_field("vendor_id")
+_PACK_MIN_WEIGHTS = 1 << 19 if _CPU_VENDOR == "GenuineIntel" else 1 << 18
 # Packed at a layer's 4th use in a call: by then its plain products have cost about what packing costs (base's output
 # layer: 3 x 20 ms against 93 ms), so a short output never pays much more than it would have without packing.
 _PACK_AT_USE = 4
@@ -102,7 +103,7 @@ _PACK_AT_USE = 4
 _ONEDNN_FP32_FASTER = (
     _HAS_ONEDNN_LINEAR
     and torch.backends.cpu.get_cpu_capability() == "AVX512"
-    and cpuinfo_field("vendor_id") not in ("GenuineIntel", "")
+    and _CPU_VENDOR not in ("GenuineIntel", "")
 )
 _ONEDNN_MIN_ROWS = 16
 _PACKED_WEIGHTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("packed_weights", default=None)
@@ -120,35 +121,40 @@ def packed_cpu_weights():
         _PACKED_WEIGHTS.reset(token)
 
 
-def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `Linear` may multiply on a packed weight: oneDNN here, not traced (a trace sees the plain product), a
-    CPU, no autograd or autocast, float32 or a bf16 that oneDNN supports here, mkldnn enabled, a weight worth packing."""
-    return (  # the size first: it rules out most layers
-        weight.numel() >= _PACK_MIN_WEIGHTS
-        and _HAS_ONEDNN_LINEAR
-        and not torch.jit.is_tracing()
-        and x.device.type == "cpu"
+def _onednn_may_multiply(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether oneDNN may multiply x and W here: both on a CPU, not traced (a trace sees the plain product), mkldnn
+    enabled, no autocast (it multiplies in its own dtype)."""
+    return (
+        x.device.type == "cpu"
         and weight.device.type == "cpu"
-        and not torch.is_grad_enabled()
-        and x.dtype == weight.dtype
-        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _ONEDNN_BF16))
+        and not torch.jit.is_tracing()
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled("cpu")
     )
 
 
+def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `Linear` may multiply on a packed weight: oneDNN here and allowed (`_onednn_may_multiply`), no autograd,
+    float32 or a bf16 that oneDNN supports here, a weight worth packing."""
+    return (  # the size first: it rules out most layers
+        weight.numel() >= _PACK_MIN_WEIGHTS
+        and _HAS_ONEDNN_LINEAR
+        and not torch.is_grad_enabled()
+        and x.dtype == weight.dtype
+        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _ONEDNN_BF16))
+        and _onednn_may_multiply(x, weight)
+    )
+
+
 def _onednn_multiplies_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Linear` multiplies float32 through oneDNN on W as stored: where MKL is the slower (`_ONEDNN_FP32_FASTER`),
-    a CPU, at least `_ONEDNN_MIN_ROWS` rows, no autocast (it would multiply in its own dtype), not traced, mkldnn on."""
+    at least `_ONEDNN_MIN_ROWS` rows, oneDNN allowed (`_onednn_may_multiply`)."""
     return (
         _ONEDNN_FP32_FASTER
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
-        and x.device.type == "cpu"
         and x.numel() >= _ONEDNN_MIN_ROWS * x.shape[-1]
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.jit.is_tracing()
-        and torch.backends.mkldnn.enabled
+        and _onednn_may_multiply(x, weight)
     )
 
 

@@ -841,6 +841,28 @@ def test_a_static_cache_and_a_compiled_forward_give_the_same_tokens():
     assert torch.equal(compiled, expected.sequences)
 
 
+def test_beam_reordering_keeps_a_static_cache_s_tensors_where_they_are():
+    # transformers' reorder_cache put new tensors in the static layers' place every step: on a GPU the compiled step's
+    # CUDA graphs, which replay on the static addresses, were skipped ("mutated inputs").
+    model = tiny_model(1, eos_bias=1.5)
+    inputs = random_sources(4)
+    expected = model.generate(**inputs, max_len_b=6)
+    addresses = []
+
+    def record(module, args, kwargs):
+        layers = kwargs["cache"].self_attention_cache.layers
+        if all(layer.is_initialized for layer in layers):
+            addresses.append([(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in layers])
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        static = model.generate(**inputs, max_len_b=6, cache_implementation="static")
+    finally:
+        handle.remove()
+    assert torch.equal(static, expected)
+    assert len(addresses) >= 5 and all(step == addresses[0] for step in addresses)
+
+
 def test_a_compiled_decoding_step_is_compiled_once():
     # The step's decoder input was a slice of the growing sequences, whose row stride changed every step: each step
     # recompiled the decoder (and with fullgraph=True failed at torch's recompile limit of 8).

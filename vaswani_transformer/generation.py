@@ -550,10 +550,8 @@ def paper_beam_search(
     decoder_prompt_mask = model_kwargs.get("decoder_attention_mask")
     score_dtype = alive.scores.dtype
     # transformers' rule (as in its `_sample`): a compiled forward for static caches on accelerators or when asked.
-    if model._valid_auto_compile_criteria({"cache": cache}, generation_config):
-        decode_forward = model.get_compiled_call(generation_config.compile_config)
-    else:
-        decode_forward = model.__call__
+    compiled = model._valid_auto_compile_criteria({"cache": cache}, generation_config)
+    decode_forward = model.get_compiled_call(generation_config.compile_config) if compiled else model.__call__
     drop_finished = not paper_synced_gpus and _rows_independent(logits_processor, stopping_criteria) and (
         cache is None or _is_dynamic(cache)
     )
@@ -583,7 +581,9 @@ def paper_beam_search(
         if this_peer_finished:  # synced_gpus: keep the other processes company
             alive.sequences = torch.cat([alive.sequences, alive.sequences[:, -1:]], dim=-1)
             continue
-        logits = outputs.logits[:, -1, :].to(score_dtype)
+        # A compiled step's CUDA graphs write their outputs into the same memory at the next step: a copy, as
+        # transformers' `_sample` makes (kept when `output_logits`).
+        logits = outputs.logits[:, -1, :].to(score_dtype, copy=compiled)
         log_probs = nn.functional.log_softmax(logits, dim=-1)
         # Where the batch stays whole, sentences already done run along: nothing of theirs may change any more.
         running = ~done[alive.active]
@@ -619,7 +619,7 @@ def paper_beam_search(
             if cache is not None:
                 cache.cross_attention_cache.reorder_cache(kept_rows)
         if cache is not None:
-            cache.self_attention_cache.reorder_cache(cache_rows)
+            _reorder_self_attention(cache, cache_rows)
         this_peer_finished = bool(done.all())
 
     return _outputs(model, search, finished, record, generation_config, model_kwargs, use_cache)
@@ -703,6 +703,24 @@ def _forced_eos_per_sentence(logits_processor, generation_config, search: _Searc
 def _rows_independent(logits_processor, stopping_criteria) -> bool:
     """Whether every logits processor and stopping criterion treats each row on its own."""
     return all(type(item).__name__ in _ROW_INDEPENDENT for item in [*logits_processor, *stopping_criteria])
+
+
+def _reorder_self_attention(cache, rows: torch.Tensor) -> None:
+    """The self-attention cache's rows in the order of the new beams; a static cache's tensors stay where they are.
+
+    transformers' `reorder_cache` puts new tensors in a static layer's place: a compiled step's CUDA graphs (its
+    "reduce-overhead" mode on a GPU) replay on the static addresses, and skip the graphs where they change.
+    """
+    self_attention = cache.self_attention_cache
+    if isinstance(self_attention, DynamicCache):
+        self_attention.reorder_cache(rows)
+        return
+    for layer in self_attention.layers:
+        if getattr(layer, "is_compileable", False) and layer.is_initialized:
+            layer.keys.copy_(layer.keys.index_select(0, rows))
+            layer.values.copy_(layer.values.index_select(0, rows))
+        else:
+            layer.reorder_cache(rows)
 
 
 def _is_dynamic(cache) -> bool:

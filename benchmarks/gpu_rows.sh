@@ -9,8 +9,8 @@
 # `run` installs the wheels into /tmp/site, prints the versions it runs with, then runs each benchmark with --device
 # cuda under its own time limit, so that one slow table cannot take the others' time: 9 minutes at most (give the
 # device tool `timeout_s` 600). Each table goes to $OUT/<benchmark>.txt as it is printed ($OUT: the device tool's
-# folder that comes back; runs/gpu_rows here), the scaling plot to $OUT/training_scaling.png. `DEVICE=cpu
-# NO_INSTALL=1` tries the same commands here, on the CPU, with this Python's packages.
+# folder that comes back; runs/gpu_rows here). `DEVICE=cpu NO_INSTALL=1` tries the same commands here, on the CPU,
+# with this Python's packages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 HERE=.gpu
@@ -53,24 +53,25 @@ run() {
     python3 -c 'import pyarrow, tokenizers, huggingface_hub; print("pyarrow", pyarrow.__version__, "tokenizers",
         tokenizers.__version__, "huggingface_hub", huggingface_hub.__version__)'  # each step fails alone, if at all
     local data=(--data "$HERE/data/multi30k" --cache-dir "$HERE/cache")
-    # (1a) identical token batches and (1b) the standard recipe, base model, fp32 and bf16, with MFU, memory and
-    # where the GPU's time goes; then 4x the tokens per batch, where a GPU is less bound by launching kernels
-    step training_token_batches 130 python3 benchmarks/training_token_batches.py --device "$DEVICE" \
-        --preset base --max-tokens 4096 --steps 20 --warmup 5 --rounds 1 --profile "${data[@]}"
+    # (1a) identical token batches and (1b) the standard recipe, base model, fp32 and bf16, with MFU and memory
+    # (~60 s on an H200; with --profile it ran past 130 s); then 4x the tokens per batch, where a GPU is less bound
+    # by launching kernels
+    step training_token_batches 100 python3 benchmarks/training_token_batches.py --device "$DEVICE" \
+        --preset base --max-tokens 4096 --steps 12 --warmup 3 --rounds 1 "${data[@]}"
     step training_token_batches_16k 80 python3 benchmarks/training_token_batches.py --device "$DEVICE" \
         --preset base --max-tokens 16384 --steps 12 --warmup 3 --rounds 1 "${data[@]}"
     # the fixed-batch step of both models with each attention kernel
-    step training_step_speed 60 python3 benchmarks/training_step_speed.py --device "$DEVICE" --batch 128 --length 32
+    step training_step_speed 50 python3 benchmarks/training_step_speed.py --device "$DEVICE" --batch 128 --length 32
     # decoding at a fixed length and at natural lengths, batch 1, 16 and 64, WMT's base size (one file: the device
     # tool brings back 8)
     local beam=(python3 benchmarks/beam_search_speed.py --device "$DEVICE" --preset base --vocab-size 37000
         --new-tokens 24 --repeats 3)
     step beam_search 120 bash -c "for b in 1 16 64; do ${beam[*]} --batch-size \$b; done"
-    # step time against tokens per batch and sentence length
-    step training_scaling 60 python3 benchmarks/training_scaling.py --device "$DEVICE" --bf16 \
-        --output "$OUT/training_scaling.png"
+    # decoding with a static cache and the step compiled (transformers' CompileConfig: CUDA graphs on a GPU), where
+    # launching kernels is what a GPU's decoding step waits on (the scaling plot of 2026-11-26 made way for it)
+    step beam_search_compiled 90 ${beam[*]} --batch-size 16 --compiled
     # decoding in bf16, with cuDNN's attention (PyTorch's pick) and without (it plans every new key length)
-    step beam_search_bf16 90 bash -c "for a in default off; do ${beam[*]} --batch-size 16 --dtype bfloat16 \
+    step beam_search_bf16 100 bash -c "for a in off default; do ${beam[*]} --batch-size 16 --dtype bfloat16 \
         --cudnn-attention \$a; done"
     # Not CTranslate2: its CUDA wheel needs CUDA 12's cuBLAS, which is not on the machine and too large to carry.
 }

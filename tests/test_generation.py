@@ -841,6 +841,27 @@ def test_a_static_cache_and_a_compiled_forward_give_the_same_tokens():
     assert torch.equal(compiled, expected.sequences)
 
 
+def test_suppress_tokens_gives_the_tokens_and_scores_of_transformers_suppress_processor():
+    # The search writes -inf into the suppressed columns itself when `SuppressTokensLogitsProcessor`s are the only
+    # processors; with another (identity) processor beside it transformers' processor runs.
+    from transformers import LogitsProcessorList, SuppressTokensLogitsProcessor, TemperatureLogitsWarper
+
+    model = tiny_model(2, eos_bias=0.5)
+    inputs = random_sources(3)
+    plain = model.generate(**inputs, max_len_b=6)
+    picked = plain[:, 1:][plain[:, 1:] > EOS].unique()[:3]  # tokens the search picks unless suppressed
+    ids = [*picked.tolist(), VOCAB + 3, -1]  # ids outside the vocabulary suppress nothing
+    kwargs = dict(max_len_b=6, return_dict_in_generate=True, output_scores=True)
+    ours = model.generate(**inputs, suppress_tokens=ids, **kwargs)
+    processors = LogitsProcessorList([SuppressTokensLogitsProcessor(ids), TemperatureLogitsWarper(1.0)])
+    transformers_ = model.generate(**inputs, logits_processor=processors, **kwargs)
+    assert len(picked) == 3 and not torch.isin(ours.sequences, picked).any()
+    assert torch.equal(ours.sequences, transformers_.sequences)
+    assert torch.equal(ours.sequences_scores, transformers_.sequences_scores)
+    assert len(ours.scores) == len(transformers_.scores)
+    assert all(torch.equal(a, b) for a, b in zip(ours.scores, transformers_.scores))
+
+
 def test_beam_reordering_keeps_a_static_cache_s_tensors_where_they_are():
     # transformers' reorder_cache put new tensors in the static layers' place every step: on a GPU the compiled step's
     # CUDA graphs, which replay on the static addresses, were skipped ("mutated inputs").

@@ -38,6 +38,7 @@ from transformers.generation.logits_process import (
     ForcedEOSTokenLogitsProcessor,
     LogitsProcessor,
     LogitsProcessorList,
+    SuppressTokensLogitsProcessor,
 )
 from transformers.generation.stopping_criteria import (
     EosTokenCriteria,
@@ -542,6 +543,7 @@ def paper_beam_search(
     )  # fmt: skip
     K = search.num_beams
     logits_processor, forced_eos = _forced_eos_per_sentence(logits_processor, generation_config, search)
+    suppressed = _only_suppressed_tokens(logits_processor)
     device = input_ids.device
     total_rows = input_ids.shape[0]
     use_cache = cache is not None
@@ -587,7 +589,11 @@ def paper_beam_search(
         log_probs = nn.functional.log_softmax(logits, dim=-1)
         # Where the batch stays whole, sentences already done run along: nothing of theirs may change any more.
         running = ~done[alive.active]
-        if len(logits_processor) > 0:
+        if suppressed is not None:  # the same -inf columns as transformers' processors, without their full copies
+            if step == 1:  # ids outside the vocabulary suppress nothing there
+                suppressed = suppressed[(suppressed >= 0) & (suppressed < log_probs.shape[-1])].to(device)
+            log_probs[:, suppressed] = -math.inf
+        elif len(logits_processor) > 0:
             if forced_eos is not None:
                 forced_eos.sentences = alive.active.repeat_interleave(K)
             log_probs = logits_processor(alive.sequences, log_probs)
@@ -700,6 +706,16 @@ def _forced_eos_per_sentence(logits_processor, generation_config, search: _Searc
     return processors, forced_eos
 
 
+def _only_suppressed_tokens(logits_processor) -> torch.Tensor | None:
+    """The token ids suppressed where transformers' `SuppressTokensLogitsProcessor`s are the only logits processors
+    (`suppress_tokens`), else None. transformers' processor makes a vocabulary-sized mask and a copy of the scores
+    every step; the search writes -inf into those columns in place (the same scores, ~1 ms less a step at 64 x
+    32,000)."""
+    if len(logits_processor) == 0 or any(type(p) is not SuppressTokensLogitsProcessor for p in logits_processor):
+        return None
+    return torch.cat([p.suppress_tokens.reshape(-1) for p in logits_processor])
+
+
 def _rows_independent(logits_processor, stopping_criteria) -> bool:
     """Whether every logits processor and stopping criterion treats each row on its own."""
     return all(type(item).__name__ in _ROW_INDEPENDENT for item in [*logits_processor, *stopping_criteria])
@@ -761,7 +777,8 @@ def _top_candidates(search: _Search, alive: _Alive, log_probs: torch.Tensor, sco
     """Step 1 (t2t `grow_topk`): the 2K best continuations of each sentence's running beams by log P(Y|X)."""
     K = search.num_beams
     num_active, vocab_size = alive.scores.shape[0], log_probs.shape[-1]
-    totals = (alive.scores[:, :, None] + log_probs.view(num_active, K, vocab_size)).view(num_active, K * vocab_size)
+    # In place: the step's log-probabilities are not read again (recorded scores are copies).
+    totals = log_probs.view(num_active, K, vocab_size).add_(alive.scores[:, :, None]).view(num_active, K * vocab_size)
     scores, indices = top_k(totals, 2 * K)
     rows = torch.arange(num_active, device=scores.device)[:, None] * K + torch.div(
         indices, vocab_size, rounding_mode="floor"

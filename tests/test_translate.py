@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import vaswani_transformer  # noqa: F401
+from vaswani_transformer import modeling_vaswani_transformer as modeling
 from vaswani_transformer.hardware import multiplies_natively
 from vaswani_transformer.textio import one_line
 from vaswani_transformer.translate import (
@@ -36,6 +37,8 @@ from helpers import (
     generate_texts,
     multiplies_by_flags,
     save_tiny_model,
+    tiny_tokenizer,
+    tiny_translation_model,
 )
 
 
@@ -88,6 +91,21 @@ def test_translate_lines_matches_generate_whatever_the_batching(saved, caplog):
         assert "in.txt:3: the source has" in caplog.text and f"limit of {MAX_POSITIONS}" in caplog.text
     # A user limit below the model's: every line longer than 5 tokens is truncated.
     assert translate_lines(model, tokenizer, LINES, max_source_length=5) == reference(model, tokenizer, LINES, limit=5)
+
+
+@pytest.mark.skipif(not modeling._HAS_ONEDNN_LINEAR, reason="packed weights need oneDNN's linear product")
+def test_translate_lines_packs_each_weight_once_for_all_batches():
+    # Each generate call packed its own copies: ~90 ms per batch for WMT's base output layer, a few % of a batch.
+    tokenizer = tiny_tokenizer()
+    model = tiny_translation_model(tokenizer, d_model=64, d_ff=8192, init_std=0.3)  # 64 x 8192: packed on any CPU
+    packable = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.numel() >= 8192 * 64]
+    lines = [line for line in LINES if line.strip()]
+    expected = reference(model, tokenizer, lines, limit=10**6, max_len_a=0, max_len_b=6)
+    with torch.profiler.profile() as profile:
+        translated = translate_lines(model, tokenizer, lines, max_tokens=1, max_len_a=0, max_len_b=6)
+    packings = sum(event.name == "mkldnn::_reorder_linear_weight" for event in profile.events())
+    assert translated == expected and len(set(expected)) > 2 and len(lines) == 5 and len(packable) == 4
+    assert 2 <= packings <= len(packable)  # the decoder's two at the first batch, the encoder's at the fourth
 
 
 def test_translate_lines_decoding_overrides(saved):

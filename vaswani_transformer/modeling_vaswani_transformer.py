@@ -110,11 +110,18 @@ _PACKED_WEIGHTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("p
 
 
 @contextlib.contextmanager
-def packed_cpu_weights():
+def packed_cpu_weights(copies: dict | None = None):
     """Within (each `generate` call): a `Linear` used a fourth time (decoding steps) on a CPU, outside autograd,
     multiplies through oneDNN on a copy of its weight packed then for the rest of the block. The copies go on exit,
-    so none can be stale: fused optimizers and `.data` writes change weights without telling anyone."""
-    token = _PACKED_WEIGHTS.set({})
+    so none can be stale: fused optimizers and `.data` writes change weights without telling anyone.
+
+    `copies`: a dict (empty at first) that keeps the copies and use counts for the next block given it, so that
+    many `generate` calls pack each weight once (`translate_lines` does, per run); the weights must not change
+    meanwhile. A block inside another uses the outer one's."""
+    if _PACKED_WEIGHTS.get() is not None:
+        yield
+        return
+    token = _PACKED_WEIGHTS.set({} if copies is None else copies)
     try:
         yield
     finally:

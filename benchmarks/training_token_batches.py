@@ -228,7 +228,9 @@ def alternate(config, precision: str, device: torch.device, batches: list, warmu
 
 # Where the time of a training step goes: torch ops (self CPU time) by what they do.
 PROFILE_GROUPS = {
-    "matrix products (mm, addmm, bmm)": ("aten::mm", "aten::addmm", "aten::bmm"),
+    # (our float32 linear layers multiply through oneDNN on AMD CPUs with AVX-512: "Training" in the README)
+    "matrix products (mm, addmm, bmm, oneDNN's linear)": ("aten::mm", "aten::addmm", "aten::bmm",
+                                                          "mkldnn::_linear_pointwise"),
     "dropout masks (random numbers)": ("aten::bernoulli_", "aten::random_"),
     "loss over the vocabulary (log-softmax, exp)": ("aten::_log_softmax", "aten::_log_softmax_backward_data",
                                                     "aten::exp_", "aten::logsumexp", "aten::nll_loss_forward",

@@ -12,6 +12,7 @@ import transformers
 from transformers import MarianConfig, MarianMTModel
 
 import vaswani_transformer  # noqa: F401  (registers the model classes)
+from vaswani_transformer import modeling_vaswani_transformer as modeling
 from vaswani_transformer.hub import export_repository
 from vaswani_transformer.pipeline import (
     REGISTERED_TASK,
@@ -29,6 +30,8 @@ from helpers import (
     generate_one_by_one,
     generate_texts,
     save_tiny_model,
+    tiny_tokenizer,
+    tiny_translation_model,
 )
 
 
@@ -73,6 +76,21 @@ def test_pipeline_equals_generate_batched_and_single(saved, translation_pipeline
     assert texts(pipe(SOURCES, batch_size=3, num_beams=1, max_len_b=7)) == greedy
     pipe_greedy = translation_pipeline("translation", model=str(folder), num_beams=1, max_len_b=7)
     assert texts(pipe_greedy(SOURCES, batch_size=2)) == greedy
+
+
+@pytest.mark.skipif(not modeling._HAS_ONEDNN_LINEAR, reason="packed weights need oneDNN's linear product")
+def test_a_pipeline_call_packs_each_weight_once_for_all_its_batches(translation_pipeline):
+    tokenizer = tiny_tokenizer()
+    model = tiny_translation_model(tokenizer, d_model=64, d_ff=8192, init_std=0.3)  # 64 x 8192: packed on any CPU
+    model.generation_config.max_len_a, model.generation_config.max_len_b = 0, 6
+    packable = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.numel() >= 8192 * 64]
+    pipe = translation_pipeline("translation", model=model, tokenizer=tokenizer)
+    expected = generate_one_by_one(model, tokenizer, SOURCES)
+    with torch.profiler.profile() as profile:
+        translated = texts(pipe(SOURCES, batch_size=1))
+    packings = sum(event.name == "mkldnn::_reorder_linear_weight" for event in profile.events())
+    assert translated == expected and len(set(expected)) > 2 and len(SOURCES) == 6 and len(packable) == 4
+    assert 2 <= packings <= len(packable)  # the decoder's two at the first batch, the encoder's at the fourth
 
 
 def test_pipeline_from_model_object_and_num_return_sequences(saved, translation_pipeline):

@@ -22,6 +22,7 @@ by `tokenizer.batch_decode(..., skip_special_tokens=True)` returns, batched (`ba
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -192,7 +193,11 @@ class TranslationPipeline(Pipeline):
     def __call__(self, inputs, *args, **kwargs):
         if _is_hf_dataset(inputs):  # a `datasets.Dataset`: stream its rows like a torch Dataset
             inputs = _Rows(inputs)
-        result = super().__call__(inputs, *args, **kwargs)
+        # The model's packed weights (`packed_cpu_weights`, from its own modeling file: remote code has its own) kept
+        # for all batches of one call, where the model does not change; a lazy result packs per batch, as before.
+        packed = getattr(sys.modules.get(type(self.model).__module__), "packed_cpu_weights", None)
+        with packed() if packed is not None else contextlib.nullcontext():
+            result = super().__call__(inputs, *args, **kwargs)
         if isinstance(inputs, list) and all(isinstance(x, str) for x in inputs) and all(len(r) == 1 for r in result):
             return [r[0] for r in result]
         return result

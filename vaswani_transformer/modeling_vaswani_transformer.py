@@ -166,7 +166,7 @@ def _onednn_multiplies_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """xW^T + b by oneDNN (strided operands as they are: a transposed view is not copied)."""
+    """xW^T + b by oneDNN: W read in any layout (a transposed view as it is), x copied first where not contiguous."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
@@ -210,7 +210,11 @@ class _OneDNNLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = _onednn_product(grad_rows, weight.t()).view(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_weight = _onednn_product(grad_rows.t(), x.reshape(-1, x.shape[-1]).t())
+            x_rows = x.reshape(-1, x.shape[-1])
+            if grad_rows.shape[1] > x_rows.shape[1]:  # g the larger: oneDNN's weight, x^T the copied one; (x^T g)^T
+                grad_weight = _onednn_product(x_rows.t(), grad_rows.t()).t().contiguous()
+            else:
+                grad_weight = _onednn_product(grad_rows.t(), x_rows.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_rows.sum(0)
         return grad_x, grad_weight, grad_bias

@@ -27,8 +27,10 @@ from helpers import (
     SINGLE_THREAD_ENV,
     SOURCES,
     TEST_MAX_LEN_B,
+    cpu_flags,
     generate_one_by_one,
     generate_texts,
+    multiplies_by_flags,
     save_tiny_model,
     tiny_tokenizer,
     tiny_translation_model,
@@ -91,6 +93,24 @@ def test_a_pipeline_call_packs_each_weight_once_for_all_its_batches(translation_
     packings = sum(event.name == "mkldnn::_reorder_linear_weight" for event in profile.events())
     assert translated == expected and len(set(expected)) > 2 and len(SOURCES) == 6 and len(packable) == 4
     assert 2 <= packings <= len(packable)  # the decoder's two at the first batch, the encoder's at the fourth
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_a_pipeline_in_a_precision_the_cpu_emulates_is_warned_about(saved, dtype, translation_pipeline, caplog):
+    """As vaswani-translate: a half precision this CPU multiplies in software (several times slower than float32)
+    gets one warning naming float32; native precisions none."""
+    if not cpu_flags():
+        pytest.skip("needs Linux /proc/cpuinfo to know the CPU's features independently")
+    folder = saved[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        pipe = translation_pipeline("translation", model=str(folder), dtype=getattr(torch, dtype))
+    assert pipe.model.dtype == getattr(torch, dtype)
+    warnings = [r.getMessage() for r in caplog.records if "multiplies" in r.getMessage()]
+    if multiplies_by_flags(getattr(torch, dtype)):
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and "pipeline's model" in warnings[0] and "float32" in warnings[0]
 
 
 def test_pipeline_from_model_object_and_num_return_sequences(saved, translation_pipeline):

@@ -36,6 +36,11 @@ from transformers.utils import logging
 
 from .generation import CUSTOM_GENERATION_FIELDS
 
+try:  # not among the files copied for remote code (hub.CODE_FILES): there, without the package, no warning
+    from vaswani_transformer.hardware import warn_if_emulated
+except ImportError:
+    warn_if_emulated = None
+
 
 logger = logging.get_logger(__name__)
 
@@ -151,6 +156,8 @@ class TranslationPipeline(Pipeline):
                 f"TranslationPipeline needs an encoder-decoder model; got {type(self.model).__name__}. "
                 "For decoder-only chat models use the `text-generation` pipeline."
             )
+        if warn_if_emulated is not None:
+            warn_if_emulated(self.model, "The pipeline's model", "load it in float32 (pipeline(..., dtype=torch.float32))")
         pair, recorded = parse_translation_task(self.task), model_language_pair(self.model.config)
         if pair is not None and pair[0] is not None and recorded is not None and tuple(pair) != recorded:
             raise ValueError(

@@ -157,7 +157,8 @@ class TranslationPipeline(Pipeline):
                 "For decoder-only chat models use the `text-generation` pipeline."
             )
         if warn_if_emulated is not None:
-            warn_if_emulated(self.model, "The pipeline's model", "load it in float32 (pipeline(..., dtype=torch.float32))")
+            remedy = "load it in float32 (pipeline(..., dtype=torch.float32))"
+            warn_if_emulated(self.model, "The pipeline's model", remedy)
         pair, recorded = parse_translation_task(self.task), model_language_pair(self.model.config)
         if pair is not None and pair[0] is not None and recorded is not None and tuple(pair) != recorded:
             raise ValueError(

@@ -416,6 +416,20 @@ def test_cli_dtype_loads_the_weights_in_it_and_the_report_says_so(model_dir, tmp
     assert "--dtype is for translating" in capsys.readouterr().err
 
 
+def test_evaluate_model_checks_a_model_folder_as_vaswani_translate_does(model_dir, tmp_path):
+    # evaluate_model loaded folders its own way: a missing or half-written folder gave transformers' messages.
+    (tmp_path / "test.en").write_text("a\nb\n", encoding="utf-8")
+    (tmp_path / "ref.de").write_text("a\nb\n", encoding="utf-8")
+    files = dict(sources=tmp_path / "test.en", references=tmp_path / "ref.de")
+    with pytest.raises(FileNotFoundError, match="Model folder .*nope does not exist"):
+        evaluate_model(tmp_path / "nope", **files)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((Path(model_dir) / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match=r"missing: the weights .*; the tokenizer"):
+        evaluate_model(broken, **files)
+
+
 def test_cli_reports_bad_input_as_an_error(model_dir, tmp_path, capsys):
     from vaswani_transformer.evaluation import main
 

@@ -29,10 +29,8 @@ from typing import Any
 import evaluate
 import numpy as np
 import torch
-from transformers import AutoTokenizer
 
 from . import cli
-from .checkpoints import load_trained_model
 from .data import check_parallel_text_files, resolve_text_pair
 from .generation import PAPER_GENERATION_DEFAULTS
 from .hardware import warn_if_emulated
@@ -44,8 +42,7 @@ from .metrics.paper_bleu.paper_bleu import (
     tokenized_bleu,
 )
 from .textio import iter_lines, write_lines
-from .tokenization import check_vocabulary_fits
-from .translate import DTYPES, add_decoding_arguments, decoding_arguments, resolve_dtype, translate_lines
+from .translate import DTYPES, add_decoding_arguments, decoding_arguments, load_model_and_tokenizer, translate_lines
 
 
 PathLike = str | os.PathLike
@@ -314,13 +311,12 @@ def evaluate_model(
             f"{len(references)}: they must be aligned line by line."
         )
 
+    remedy = "evaluate in float32 (--dtype float32)"
     if isinstance(model_or_path, (str, os.PathLike)):
         model_name = str(model_or_path)
-        if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(model_or_path)
-        dtype_kwargs = {} if dtype is None else {"dtype": resolve_dtype(dtype)}
-        model = load_trained_model(model_or_path, **dtype_kwargs)  # one-line errors: unsafe pickle, truncated, ...
-        check_vocabulary_fits(tokenizer, model.config, model_name)  # before translating anything
+        model, tokenizer = load_model_and_tokenizer(
+            model_or_path, device=device, dtype=dtype, tokenizer=tokenizer, remedy=remedy
+        )
     else:
         if dtype is not None:
             raise ValueError("`dtype` is for a model folder; convert a model object with `model.to(dtype)`.")
@@ -328,10 +324,10 @@ def evaluate_model(
         model_name = getattr(model, "name_or_path", None) or type(model).__name__
         if tokenizer is None:
             raise ValueError("Pass `tokenizer` when `model_or_path` is a model object.")
-    if device is not None:
-        model.to(device)
-    model.eval()
-    warn_if_emulated(model, f"The model {model_name}", "evaluate in float32 (--dtype float32)")
+        if device is not None:
+            model.to(device)
+        model.eval()
+        warn_if_emulated(model, f"The model {model_name}", remedy)
 
     translate_fn = translate_fn or translate_lines
     with torch.inference_mode():

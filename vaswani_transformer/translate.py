@@ -113,8 +113,11 @@ def load_model_and_tokenizer(
     dtype: str | torch.dtype | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    tokenizer=None,
+    remedy: str = "translate in float32 (--dtype float32)",
 ):
-    """(model in eval mode, tokenizer) from a local folder (checked with `check_model_folder` first) or a Hub id."""
+    """(model in eval mode, tokenizer) from a local folder (checked with `check_model_folder` first) or a Hub id; the
+    tokenizer from the same place unless given. `remedy`: what the emulated-precision warning advises."""
     name = os.fspath(model_name_or_path)
     if os.path.isdir(name):
         check_model_folder(name)
@@ -123,7 +126,8 @@ def load_model_and_tokenizer(
     elif name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:
         raise FileNotFoundError(f"Model folder {name} does not exist (and it is not a Hub id of the form owner/name).")
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
-    tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
     model_kwargs = dict(kwargs)
     if dtype is not None:
         model_kwargs["dtype"] = resolve_dtype(dtype)
@@ -131,7 +135,7 @@ def load_model_and_tokenizer(
     check_vocabulary_fits(tokenizer, model.config, name)  # before translating anything
     if device is not None:
         model.to(device)
-    warn_if_emulated(model, f"The model {name}", "translate in float32 (--dtype float32)")
+    warn_if_emulated(model, f"The model {name}", remedy)
     return model.eval(), tokenizer
 
 

@@ -32,7 +32,8 @@ from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForC
 from vaswani_transformer.flops import model_flops_per_target_token, model_flops_utilization
 from vaswani_transformer.hardware import has_native_bf16
 from vaswani_transformer.modeling_vaswani_transformer import shift_tokens_right
-from vaswani_transformer.trainer import keep_freed_cpu_memory, skip_cudnn_attention
+from vaswani_transformer.hardware import keep_freed_cpu_memory
+from vaswani_transformer.trainer import skip_cudnn_attention
 
 
 def integers(text: str) -> list[int]:

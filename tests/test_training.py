@@ -724,7 +724,7 @@ def test_fp16_training_on_a_cpu_that_emulates_it_is_warned_about(tmp_path, caplo
 _MALLOC_PROBE = """
 import ctypes, ctypes.util, json, sys
 import torch
-from vaswani_transformer.trainer import keep_freed_cpu_memory
+from vaswani_transformer.hardware import keep_freed_cpu_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in

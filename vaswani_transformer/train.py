@@ -72,7 +72,7 @@ from .data import (
 )
 from .evaluation import make_compute_metrics
 from .flops import run_training_cost
-from .hardware import emulated_precision_warning, has_native_bf16
+from .hardware import emulated_precision_warning, has_native_bf16, keep_freed_cpu_memory
 from .hub import write_repository_extras
 from .pipeline import source_length_limit, truncate_source
 from .synthetic import TASK_LANGUAGES, write_synthetic_task
@@ -84,7 +84,6 @@ from .trainer import (
     NonFiniteLossError,
     VaswaniSeq2SeqTrainer,
     gradient_accumulation_for,
-    keep_freed_cpu_memory,
     keep_onednn_primitives,
     rank0_decides,
     skip_cudnn_attention,
@@ -245,7 +244,7 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     keep_freed_cpu_memory: bool = field(
         default=True,
         metadata={"help": "Training on CPU: keep freed memory in the process (glibc malloc) instead of returning it "
-                  "to the OS and faulting it back in every step (see trainer.keep_freed_cpu_memory)."},
+                  "to the OS and faulting it back in every step (see hardware.keep_freed_cpu_memory)."},
     )
 
     def __post_init__(self):

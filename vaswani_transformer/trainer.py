@@ -34,8 +34,6 @@ file; the half-written checkpoint is removed and the earlier ones stay as they w
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import functools
 import logging
@@ -158,10 +156,6 @@ def gradient_accumulation_for(tokens_per_update: int, max_tokens_per_batch: int,
 
 # ------------------------------------------------------------------------------------------------ CPU memory
 
-# glibc's mallopt parameters (malloc.h) and the value set for both: 1 GiB.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _KEEP_BYTES = -1, -3, 1 << 30
-
-
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed cross-entropy of (tokens, vocabulary) logits times `scale`, in row blocks that stay in
     cache: one float32 block at a time, never vocabulary-sized float32 copies of the whole batch (on a CPU those
@@ -234,22 +228,6 @@ def outputs_in_compute_dtype(module: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         module.forward = forward
-
-
-def keep_freed_cpu_memory() -> bool:
-    """Make glibc's malloc keep freed blocks of up to 1 GiB in the process instead of returning them to the OS.
-
-    Every training step allocates and frees the same large tensors (a batch's logits are 32 MB at 1k tokens x 8k
-    vocabulary). By default glibc serves blocks over 32 MB with mmap and unmaps them when freed, and returns the top
-    of the heap past 128 kB, so every step faults fresh zeroed pages back in. The cost is memory the process keeps
-    between steps (about one step's peak). Returns False where the C library has no ``mallopt`` (not glibc).
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        mallopt = libc.mallopt
-    except (OSError, TypeError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES))
 
 
 # oneDNN's variable for how many compiled kernels (primitives) it keeps, and the number this project's jobs ask for.
@@ -898,7 +876,6 @@ __all__ = [
     "VaswaniSeq2SeqTrainer",
     "build_optimizer",
     "gradient_accumulation_for",
-    "keep_freed_cpu_memory",
     "keep_onednn_primitives",
     "paper_learning_rate",
     "paper_lr_scheduler",

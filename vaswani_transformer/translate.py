@@ -34,12 +34,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
+from transformers.hf_argparser import string_to_bool
 
 from . import cli
 from .checkpoints import load_trained_model
 from .data import TokenBatchSampler
 from .generation import config_sets_a_length
-from .hardware import warn_if_emulated
+from .hardware import keep_freed_cpu_memory, warn_if_emulated
 from .modeling_vaswani_transformer import packed_cpu_weights
 from .pipeline import source_length_limit, truncate_source
 from .textio import (
@@ -514,6 +515,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--revision", help="Hub revision (branch, tag or commit).")
     parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true",
                         help="Allow the model's own code (not needed for vaswani_transformer models).")  # fmt: skip
+    parser.add_argument("--keep_freed_cpu_memory", "--keep-freed-cpu-memory", type=string_to_bool, default=True,
+                        metavar="{true,false}", help="On a CPU, keep freed memory in the process instead of returning "
+                        "it to the OS and faulting it back in (decoding and packing weights allocate the same large "
+                        "tensors again and again), as training does (default: true).")  # fmt: skip
     parser.add_argument("--no_progress", "--no-progress", action="store_true", help="No progress bar.")
     return parser.parse_args(argv)
 
@@ -584,6 +589,8 @@ def main(argv=None) -> int:
             translate_file_ctranslate2(args.model_name_or_path, args.input, args.output, device=args.device,
                                        strict=args.strict, **decoding_arguments(args), **options)  # fmt: skip
             return 0
+        if args.keep_freed_cpu_memory and torch.device(args.device or "cpu").type == "cpu":
+            keep_freed_cpu_memory()
         model, tokenizer = load_model_and_tokenizer(
             args.model_name_or_path, device=args.device, dtype=args.dtype, revision=args.revision,
             trust_remote_code=args.trust_remote_code,

@@ -110,8 +110,8 @@ def test_translate_lines_packs_each_weight_once_for_all_batches():
 
 _TRANSLATE_THEN_PROBE_MALLOC = """
 import ctypes, ctypes.util, json, sys
+import importlib
 import torch
-from vaswani_transformer.translate import main
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -121,24 +121,30 @@ libc = ctypes.CDLL(ctypes.util.find_library("c"))
 if not hasattr(libc, "mallinfo2"):
     print(json.dumps(None)); sys.exit()
 libc.mallinfo2.restype = MallInfo2
-assert main(sys.argv[1:]) == 0
+main = importlib.import_module(f"vaswani_transformer.{sys.argv[1]}").main
+assert main(sys.argv[2:]) == 0
 before = libc.mallinfo2().hblkhd
 block = torch.empty(16 << 20)  # 64 MB of float32: a block of its own (mapped) unless freed memory is kept
 print(json.dumps(libc.mallinfo2().hblkhd - before))
 """
 
 
-@pytest.mark.parametrize("keep", [None, "false"])
-def test_cli_keeps_freed_memory_on_a_cpu_unless_told_not_to(saved, tmp_path, keep):
+@pytest.mark.parametrize("cli, keep", [("translate", None), ("translate", "false"), ("evaluation", None)])
+def test_cli_keeps_freed_memory_on_a_cpu_unless_told_not_to(saved, tmp_path, cli, keep):
     # Decoding and packing weights allocate the same large tensors call after call: faulted back in every time,
     # translating test_2016_flickr took 3-8% longer (whole command) and more memory.
     folder = saved[0]
     (tmp_path / "in.txt").write_text("A man is riding a bicycle.\n", encoding="utf-8")
-    args = ["--model", folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt", "--no-progress"]
+    args = ["--model", folder, "--device", "cpu"]
+    if cli == "translate":
+        args += ["--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt", "--no-progress"]
+    else:
+        args += ["--source", tmp_path / "in.txt", "--reference", tmp_path / "in.txt", "--hypotheses_file",
+                 tmp_path / "out.txt"]  # fmt: skip
     args += ["--keep_freed_cpu_memory", keep] if keep else []
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **SINGLE_THREAD_ENV}
-    probe = subprocess.run([sys.executable, "-c", _TRANSLATE_THEN_PROBE_MALLOC, *map(str, args)], capture_output=True,
-                           text=True, env=env, timeout=300)  # fmt: skip
+    probe = subprocess.run([sys.executable, "-c", _TRANSLATE_THEN_PROBE_MALLOC, cli, *map(str, args)],
+                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert probe.returncode == 0, probe.stderr
     mapped = json.loads(probe.stdout.splitlines()[-1])
     if mapped is None:

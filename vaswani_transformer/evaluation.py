@@ -42,7 +42,15 @@ from .metrics.paper_bleu.paper_bleu import (
     tokenized_bleu,
 )
 from .textio import iter_lines, write_lines
-from .translate import DTYPES, add_decoding_arguments, decoding_arguments, load_model_and_tokenizer, translate_lines
+from .translate import (
+    DTYPES,
+    add_decoding_arguments,
+    add_memory_argument,
+    decoding_arguments,
+    keep_freed_memory_on_cpu,
+    load_model_and_tokenizer,
+    translate_lines,
+)
 
 
 PathLike = str | os.PathLike
@@ -421,6 +429,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available, else cpu).")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="Weights dtype (default: as saved).")
+    add_memory_argument(parser)
     args = parser.parse_args(argv)
 
     if args.test_file:
@@ -470,6 +479,7 @@ def main(argv=None) -> int:
             )  # fmt: skip
         else:
             device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            keep_freed_memory_on_cpu(args.keep_freed_cpu_memory, device)
             report = evaluate_model(
                 args.model_name_or_path, args.source, args.reference, source_lang=args.source_lang,
                 target_lang=args.target_lang, decoding=args.decoding, tokenize=args.tokenize,

@@ -489,6 +489,20 @@ def decoding_arguments(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
+def add_memory_argument(parser: argparse.ArgumentParser) -> None:
+    """`--keep_freed_cpu_memory` (vaswani-translate, vaswani-evaluate; `keep_freed_memory_on_cpu` applies it)."""
+    parser.add_argument("--keep_freed_cpu_memory", "--keep-freed-cpu-memory", type=string_to_bool, default=True,
+                        metavar="{true,false}", help="On a CPU, keep freed memory in the process instead of returning "
+                        "it to the OS and faulting it back in (decoding and packing weights allocate the same large "
+                        "tensors again and again), as training does (default: true).")  # fmt: skip
+
+
+def keep_freed_memory_on_cpu(keep: bool, device: str | None) -> None:
+    """`hardware.keep_freed_cpu_memory()` where `keep` and the device is a CPU (None: the CPU)."""
+    if keep and torch.device(device or "cpu").type == "cpu":
+        keep_freed_cpu_memory()
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = cli.ArgumentParser(
         description=CLI_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -515,10 +529,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--revision", help="Hub revision (branch, tag or commit).")
     parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true",
                         help="Allow the model's own code (not needed for vaswani_transformer models).")  # fmt: skip
-    parser.add_argument("--keep_freed_cpu_memory", "--keep-freed-cpu-memory", type=string_to_bool, default=True,
-                        metavar="{true,false}", help="On a CPU, keep freed memory in the process instead of returning "
-                        "it to the OS and faulting it back in (decoding and packing weights allocate the same large "
-                        "tensors again and again), as training does (default: true).")  # fmt: skip
+    add_memory_argument(parser)
     parser.add_argument("--no_progress", "--no-progress", action="store_true", help="No progress bar.")
     return parser.parse_args(argv)
 
@@ -589,8 +600,7 @@ def main(argv=None) -> int:
             translate_file_ctranslate2(args.model_name_or_path, args.input, args.output, device=args.device,
                                        strict=args.strict, **decoding_arguments(args), **options)  # fmt: skip
             return 0
-        if args.keep_freed_cpu_memory and torch.device(args.device or "cpu").type == "cpu":
-            keep_freed_cpu_memory()
+        keep_freed_memory_on_cpu(args.keep_freed_cpu_memory, args.device)
         model, tokenizer = load_model_and_tokenizer(
             args.model_name_or_path, device=args.device, dtype=args.dtype, revision=args.revision,
             trust_remote_code=args.trust_remote_code,

@@ -48,6 +48,24 @@ SOURCES = [
 ]  # fmt: skip
 
 
+# The start of a Python program (`python -c`) that reads glibc's allocator statistics: `libc.mallinfo2()`'s
+# `hblkhd` is the memory in blocks mapped on their own (returned to the OS when freed). Prints null and exits where
+# the C library has no mallinfo2 (not glibc).
+MALLINFO_PRELUDE = """
+import ctypes, ctypes.util, json, sys
+import torch
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+if not hasattr(libc, "mallinfo2"):
+    print(json.dumps(None)); sys.exit()
+libc.mallinfo2.restype = MallInfo2
+"""
+
+
 # Subprocesses (CLIs, Pythons without the package) are told the same through the environment.
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 

@@ -721,19 +721,8 @@ def test_fp16_training_on_a_cpu_that_emulates_it_is_warned_about(tmp_path, caplo
         assert len(warned) == 1 and "--fp16" in warned[0] and "float16" in warned[0], warned
 
 
-_MALLOC_PROBE = """
-import ctypes, ctypes.util, json, sys
-import torch
+_MALLOC_PROBE = helpers.MALLINFO_PRELUDE + """
 from vaswani_transformer.hardware import keep_freed_cpu_memory
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-libc = ctypes.CDLL(ctypes.util.find_library("c"))
-if not hasattr(libc, "mallinfo2"):
-    print(json.dumps(None)); sys.exit()
-libc.mallinfo2.restype = MallInfo2
 
 def mapped_while_holding_64_mb():
     before = libc.mallinfo2().hblkhd

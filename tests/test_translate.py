@@ -31,6 +31,7 @@ from vaswani_transformer.translate import (
 )
 
 from helpers import (
+    MALLINFO_PRELUDE,
     SINGLE_THREAD_ENV,
     SOURCES,
     cpu_flags,
@@ -108,19 +109,8 @@ def test_translate_lines_packs_each_weight_once_for_all_batches():
     assert 2 <= packings <= len(packable)  # the decoder's two at the first batch, the encoder's at the fourth
 
 
-_TRANSLATE_THEN_PROBE_MALLOC = """
-import ctypes, ctypes.util, json, sys
+_TRANSLATE_THEN_PROBE_MALLOC = MALLINFO_PRELUDE + """
 import importlib
-import torch
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-libc = ctypes.CDLL(ctypes.util.find_library("c"))
-if not hasattr(libc, "mallinfo2"):
-    print(json.dumps(None)); sys.exit()
-libc.mallinfo2.restype = MallInfo2
 main = importlib.import_module(f"vaswani_transformer.{sys.argv[1]}").main
 assert main(sys.argv[2:]) == 0
 before = libc.mallinfo2().hblkhd

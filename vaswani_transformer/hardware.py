@@ -78,10 +78,11 @@ def keep_freed_cpu_memory() -> bool:
     """Make glibc's malloc keep freed blocks of up to 1 GiB in the process instead of returning them to the OS.
 
     Every training step allocates and frees the same large tensors (a batch's logits are 32 MB at 1k tokens x 8k
-    vocabulary), and so does every decoding step and every `generate` call's packing of the weights. By default glibc serves blocks over 32 MB with mmap and unmaps them when freed, and returns the top
-    of the heap past 128 kB, so every step faults fresh zeroed pages back in
-    (packing WMT's 37,000 x 512 output layer: 42 ms, 13 ms with freed memory kept; a copy of it 30 and 4 ms). The cost is memory the process keeps
-    between steps (about one step's peak). Returns False where the C library has no ``mallopt`` (not glibc).
+    vocabulary), and so do decoding steps and each `generate` call's packing of the weights. By default glibc serves
+    blocks over 32 MB with mmap and unmaps them when freed, and returns the top of the heap past 128 kB, so every
+    step faults fresh zeroed pages back in (packing WMT's 37,000 x 512 output layer: 42 ms, 13 ms with freed memory
+    kept). The cost is memory the process keeps between steps (about one step's peak). Returns False where the C
+    library has no ``mallopt`` (not glibc).
     """
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))

@@ -27,6 +27,7 @@ from .modeling_vaswani_transformer import (
     packed_cpu_weights,
     sinusoidal_position_encoding,
 )
+from .hardware import warn_if_emulated
 from .pipeline import TranslationPipeline, register_translation_pipeline
 
 __version__ = "0.1.0"
@@ -39,6 +40,7 @@ VaswaniTransformerConfig.register_for_auto_class()
 VaswaniTransformerModel.register_for_auto_class("AutoModel")
 VaswaniTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 register_translation_pipeline()
+TranslationPipeline.precision_check = staticmethod(warn_if_emulated)  # a warning for a precision the CPU emulates
 
 __all__ = [
     "PAPER_GENERATION_DEFAULTS",

@@ -36,11 +36,6 @@ from transformers.utils import logging
 
 from .generation import CUSTOM_GENERATION_FIELDS
 
-try:  # not among the files copied for remote code (hub.CODE_FILES): there, without the package, no warning
-    from vaswani_transformer.hardware import warn_if_emulated
-except ImportError:
-    warn_if_emulated = None
-
 
 logger = logging.get_logger(__name__)
 
@@ -142,6 +137,10 @@ class TranslationPipeline(Pipeline):
     _load_video_processor = False
     _load_tokenizer = True
 
+    # `hardware.warn_if_emulated`, set by the package: this file is also copied for remote code, where it may import
+    # only torch, transformers and its sibling files (hardware.py is not one), so a remote-code pipeline does not warn.
+    precision_check = None
+
     # Generation fields of our models that `GenerationConfig()` does not know (so the base class does not collect them).
     _CUSTOM_GENERATION_FIELDS = CUSTOM_GENERATION_FIELDS
 
@@ -156,9 +155,9 @@ class TranslationPipeline(Pipeline):
                 f"TranslationPipeline needs an encoder-decoder model; got {type(self.model).__name__}. "
                 "For decoder-only chat models use the `text-generation` pipeline."
             )
-        if warn_if_emulated is not None:
+        if self.precision_check is not None:
             remedy = "load it in float32 (pipeline(..., dtype=torch.float32))"
-            warn_if_emulated(self.model, "The pipeline's model", remedy)
+            self.precision_check(self.model, "The pipeline's model", remedy)
         pair, recorded = parse_translation_task(self.task), model_language_pair(self.model.config)
         if pair is not None and pair[0] is not None and recorded is not None and tuple(pair) != recorded:
             raise ValueError(

@@ -1011,6 +1011,34 @@ def test_float32_linear_through_onednn_gives_xw_plus_b_and_its_gradients_as_clos
 
 
 @onednn
+def test_float32_products_of_fewer_than_16_rows_go_through_onednn_only_for_weights_of_2_19_entries_or_more(monkeypatch):
+    """Below 16 rows (a beam step before its weights are packed) MKL's lighter call wins for small weights, oneDNN for
+    weights of at least 2^19 entries: those multiply 1-15 rows through oneDNN, without autograd and with it (dL/dx
+    and dL/dW too), as close to float64's x W^T + b and its gradients as torch's product; smaller ones take torch's."""
+    from vaswani_transformer import modeling_vaswani_transformer as modeling
+
+    monkeypatch.setattr(modeling, "_ONEDNN_FP32_FASTER", True)
+    torch.manual_seed(0)
+    for in_features, out_features, expected in ((512, 1024, 1), (256, 1000, 0)):  # 2^19 entries, and fewer
+        linear = modeling.Linear(in_features, out_features)
+        w, b = linear.weight.detach().double(), linear.bias.detach().double()
+        for rows in (1, 4, 15):
+            x = torch.randn(rows, in_features)
+            with torch.no_grad():
+                calls, y = _onednn_products(lambda: linear(x))
+            assert calls == expected, (out_features, rows)
+            torch.testing.assert_close(y.double(), x.double() @ w.T + b, rtol=1e-5, atol=1e-5)
+            grad = torch.randn(rows, out_features)
+            linear.zero_grad()
+            xr = x.clone().requires_grad_()
+            calls, y = _onednn_products(lambda: linear(xr))
+            backward_calls, _ = _onednn_products(lambda: y.backward(grad))
+            assert (calls, backward_calls) == (expected, 2 * expected)
+            torch.testing.assert_close(xr.grad.double(), grad.double() @ w, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(linear.weight.grad.double(), grad.double().T @ x.double(), rtol=1e-5, atol=1e-5)
+
+
+@onednn
 def test_onednn_products_without_autograd_see_at_most_16_row_counts_per_doubling_and_give_xw_plus_b(monkeypatch):
     """oneDNN keeps the kernels it compiles for each row count for good, so without autograd (decoding, translating:
     every row count up to a batch's) its products take rows zero-padded to one of 16 sizes per doubling from 32 on
@@ -1033,7 +1061,7 @@ def test_onednn_products_without_autograd_see_at_most_16_row_counts_per_doubling
                     y = linear(x)
                 shapes = [event.input_shapes[0] for event in profile.events()
                           if event.name == "mkldnn::_linear_pointwise"]  # fmt: skip
-                assert len(shapes) == (1 if rows >= 16 or packed else 0)
+                assert len(shapes) == 1  # W of 2^19 entries or more: oneDNN at any row count
                 for shape in shapes:
                     multiplied = math.prod(shape[:-1])  # the rows oneDNN multiplied
                     assert rows <= multiplied <= rows * 17 / 16 and (rows >= 32 or multiplied == rows), (rows, shape)

@@ -99,13 +99,15 @@ _PACK_MIN_WEIGHTS = 1 << 19 if _CPU_VENDOR == "GenuineIntel" else 1 << 18
 # layer: 3 x 20 ms against 93 ms), so a short output never pays much more than it would have without packing.
 _PACK_AT_USE = 4
 # MKL multiplies float32 on its AVX2 path on x86 CPUs other than Intel's, oneDNN on AVX-512: 2.1-2.3x faster there
-# (Zen 5, 2 threads) from 16 rows up; below, MKL's lighter call wins. With AVX2 alone the two are within 10%.
+# (Zen 5, 2 threads) from 16 rows up; below, MKL's lighter call wins for small weights, but not from 2^19 entries
+# (a beam step's 1-8 rows before its weights are packed: 1.1-1.6x with 1 thread, 1.9-3.4x with 2, where MKL's
+# product of so few rows stays on one). With AVX2 alone the two are within 10%.
 _ONEDNN_FP32_FASTER = (
     _HAS_ONEDNN_LINEAR
     and torch.backends.cpu.get_cpu_capability() == "AVX512"
     and _CPU_VENDOR not in ("GenuineIntel", "")
 )
-_ONEDNN_MIN_ROWS = 16
+_ONEDNN_MIN_ROWS, _ONEDNN_ANY_ROWS_WEIGHTS = 16, 1 << 19
 _PACKED_WEIGHTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("packed_weights", default=None)
 
 
@@ -155,12 +157,13 @@ def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _onednn_multiplies_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Linear` multiplies float32 through oneDNN on W as stored: where MKL is the slower (`_ONEDNN_FP32_FASTER`),
-    at least `_ONEDNN_MIN_ROWS` rows, oneDNN allowed (`_onednn_may_multiply`)."""
+    at least `_ONEDNN_MIN_ROWS` rows or a W of at least `_ONEDNN_ANY_ROWS_WEIGHTS` entries, oneDNN allowed
+    (`_onednn_may_multiply`)."""
     return (
         _ONEDNN_FP32_FASTER
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
-        and x.numel() >= _ONEDNN_MIN_ROWS * x.shape[-1]
+        and (x.numel() >= _ONEDNN_MIN_ROWS * x.shape[-1] or weight.numel() >= _ONEDNN_ANY_ROWS_WEIGHTS)
         and _onednn_may_multiply(x, weight)
     )
 

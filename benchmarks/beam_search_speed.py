@@ -65,6 +65,7 @@ from transformers import AutoTokenizer, CompileConfig, MarianConfig, MarianMTMod
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration, packed_cpu_weights
 from vaswani_transformer.trainer import skip_cudnn_attention
+from vaswani_transformer import modeling_vaswani_transformer as modeling
 
 
 def sources(batch_size: int, length: int, vocab_size: int, seed: int):
@@ -156,10 +157,12 @@ def timed(runs: dict, inputs, repeats: int, device: torch.device) -> dict:
 def time_split(model, run, inputs, steps: int, repeats: int, device: torch.device) -> dict:
     """Milliseconds per decoding step in the output layer, the other linear layers, the rest of the forward pass and
     the rest of `generate`, from forward hooks on `model` (mean of `repeats` calls of `run`, after one warm-up; on a
-    GPU every hook synchronises)."""
+    GPU every hook synchronises). Our model's linear layers are timed around `modeling.linear` instead: with a hook a
+    layer runs as `layer(x)`, torch's product (`modeling._runs_as_its_product`)."""
     spent = dict.fromkeys(("output layer", "other linear layers", "forward", "generate"), 0.0)
     starts, handles = {}, []
     output_layer = model.get_output_embeddings()
+    ours = isinstance(model, VaswaniTransformerForConditionalGeneration)
 
     def timer(module, name):
         handles.append(module.register_forward_pre_hook(lambda *_: starts.__setitem__(id(module), now(device))))
@@ -167,18 +170,29 @@ def time_split(model, run, inputs, steps: int, repeats: int, device: torch.devic
             lambda *_: spent.__setitem__(name, spent[name] + now(device) - starts[id(module)])
         ))  # fmt: skip
 
+    def timed_linear(layer, x):
+        started = now(device)
+        y = product(layer, x)
+        name = "output layer" if layer is output_layer else "other linear layers"
+        spent[name] += now(device) - started
+        return y
+
     timer(model, "forward")
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
+        if isinstance(module, torch.nn.Linear) and not ours:
             timer(module, "output layer" if module is output_layer else "other linear layers")
-    run(**inputs)
-    spent.update(dict.fromkeys(spent, 0.0))
-    started = now(device)
-    for _ in range(repeats):
+    product, modeling.linear = modeling.linear, timed_linear if ours else modeling.linear
+    try:
         run(**inputs)
-    spent["generate"] = now(device) - started
-    for handle in handles:
-        handle.remove()
+        spent.update(dict.fromkeys(spent, 0.0))
+        started = now(device)
+        for _ in range(repeats):
+            run(**inputs)
+        spent["generate"] = now(device) - started
+    finally:
+        modeling.linear = product
+        for handle in handles:
+            handle.remove()
     linear = spent["output layer"] + spent["other linear layers"]
     per_step = {
         "output layer": spent["output layer"], "other linear layers": spent["other linear layers"],
@@ -399,8 +413,8 @@ def attention_rows(model, rows: int, source_length: int, new_tokens: int, dtype:
 
 def kernel_rows(model, rows: int) -> list[list]:
     """Per distinct weight shape of the decoder's linear layers (the output layer included): torch's product, oneDNN's
-    on W as stored (a layer's first uses in a `generate` call, where `Linear` takes it) and on a packed copy, the
-    packed one's speed-up and the packing itself, in ms (what `packed_cpu_weights` trades)."""
+    on W as stored (a layer's first uses in a `generate` call, where `modeling.linear` takes it) and on a packed
+    copy, the packed one's speed-up and the packing itself, in ms (what `packed_cpu_weights` trades)."""
     from vaswani_transformer.modeling_vaswani_transformer import _PACK_MIN_WEIGHTS
 
     layers = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]

@@ -5,7 +5,9 @@ heads, d_ff 2048, a shared vocabulary of --vocab-size), given to MarianMTModel w
 (`beam_search_speed.marian_with_the_same_weights`) and exported with `vaswani-export-ctranslate2` (float32 and
 int8). Every decoder translates the same batch of random sources (~20 tokens) with beam 4 and length penalty 0.6,
 exactly --new-tokens output tokens per sentence (</s> suppressed). Wall-clock sentences/s, best of --repeats. On a
-CPU ours also with its packed weights kept from call to call, as `translate_lines` keeps them for a run's batches.
+CPU ours also with its packed weights kept from call to call, as `translate_lines` keeps them for a run's batches,
+and both models in int8 as PyTorch's dynamic quantization makes them (`torch.ao.quantization.quantize_dynamic(model,
+{torch.nn.Linear}, dtype=torch.qint8)`: int8 weights, activations quantized per call; the same recipe for both).
 
 Runs on `--device` (default: a CUDA GPU when one is present, else the CPU), named in the header. On a CPU with 1 and
 2 threads (`--threads`); on a GPU with the first `--threads` only (threads barely matter there), the clock read after
@@ -20,6 +22,7 @@ conversion on a 2-core CPU).
 import argparse
 import os
 import tempfile
+import warnings
 
 import torch
 from beam_search_speed import marian_with_the_same_weights, packed_once, sources
@@ -85,6 +88,11 @@ def main():
         for quantization in ("float32", "int8"):
             export_ctranslate2(os.path.join(folder, "model"), os.path.join(folder, quantization), quantization)
         ours, marian = ours.to(device), marian.to(device)  # saved and exported from the CPU
+        if device.type == "cpu":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor
+                ours_int8, marian_int8 = (torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, torch.qint8)
+                                          for model in (ours, marian))  # fmt: skip
         inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
         synchronised = ", synchronised" if device.type == "cuda" else ""
         print(f"# {describe(device)}\n# d_model {args.d_model}, {args.layers}+{args.layers} layers, vocab "
@@ -105,6 +113,13 @@ def main():
                     **inputs, **steps, length_penalty_type="transformers"
                 ),
             }
+            if device.type == "cpu":  # PyTorch's int8 recipe for CPU inference (both models' nn.Linear layers)
+                runs["MarianMTModel.generate, int8 (torch's dynamic quantization)"] = lambda: marian_int8.generate(
+                    **inputs, **steps
+                )
+                runs["ours, paper beam search, int8 (torch's dynamic quantization)"] = lambda: ours_int8.generate(
+                    **inputs, **steps
+                )
             for compute_type, export in compute_types.items():
                 translator, _, _ = load_translator(os.path.join(folder, export), device=device.type,
                                                    compute_type=compute_type, intra_threads=threads)  # fmt: skip

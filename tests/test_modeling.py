@@ -901,45 +901,123 @@ def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_fou
     """Inside `packed_cpu_weights`, under no_grad: the first three calls multiply as stored, later ones on one packed
     copy; each equals x W^T + b in float64, for an empty batch, a few rows, a 3-D and a non-contiguous input, in float32 and
     bf16. Outside the block, with autograd on, under autocast, or for a weight under 512 x 512, nothing is packed."""
-    from vaswani_transformer.modeling_vaswani_transformer import _PACKED_WEIGHTS, Linear, packed_cpu_weights
+    from vaswani_transformer.modeling_vaswani_transformer import _PACKED_WEIGHTS, linear, packed_cpu_weights
 
     torch.manual_seed(0)
-    linear = Linear(512, 1040)  # over 512 x 1024: packed on any CPU
+    layer = torch.nn.Linear(512, 1040)  # over 512 x 1024: packed on any CPU
     inputs = [torch.randn(4, 512), torch.randn(2, 512), torch.randn(1, 512)]  # the plain uses
     inputs += [torch.randn(4, 512), torch.randn(0, 512), torch.randn(3, 5, 512), torch.randn(512, 6).t()]
     dtypes = [torch.float32, *([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])]
     for dtype in dtypes:
-        linear.to(dtype)
-        w, b = linear.weight.detach().double(), linear.bias.detach().double()
+        layer.to(dtype)
+        w, b = layer.weight.detach().double(), layer.bias.detach().double()
         with torch.no_grad(), packed_cpu_weights():
             packs = _PACKED_WEIGHTS.get()
             for i, x in enumerate(inputs):
-                y = linear(x.to(dtype))
-                assert torch.is_tensor(packs[linear]) == (i >= 3)  # packed at the fourth call
+                y = linear(layer, x.to(dtype))
+                assert torch.is_tensor(packs[layer]) == (i >= 3)  # packed at the fourth call
                 if i == 3:
-                    packed = packs[linear]
-                assert i < 3 or packs[linear] is packed  # once
+                    packed = packs[layer]
+                assert i < 3 or packs[layer] is packed  # once
                 tolerance = 1e-5 if dtype == torch.float32 else 2e-2
                 reference = x.to(dtype).double() @ w.T + b
                 torch.testing.assert_close(y.double(), reference, rtol=tolerance, atol=tolerance)
         assert _PACKED_WEIGHTS.get() is None
 
-    small = Linear(256, 256)
+    small = torch.nn.Linear(256, 256)
     with torch.no_grad(), packed_cpu_weights():
         x = torch.randn(4, 256)
         for _ in range(5):
-            torch.testing.assert_close(small(x), x @ small.weight.T + small.bias)
+            torch.testing.assert_close(linear(small, x), x @ small.weight.T + small.bias)
         assert not _PACKED_WEIGHTS.get()
 
-    linear.float()
+    layer.float()
     x = torch.randn(7, 512)
     with packed_cpu_weights():
         for _ in range(5):
-            linear(x).square().sum().backward()  # autograd on: torch's product, with gradients
-        assert linear.weight.grad.abs().sum() > 0 and not _PACKED_WEIGHTS.get()
+            linear(layer, x).square().sum().backward()  # autograd on: torch's product, with gradients
+        assert layer.weight.grad.abs().sum() > 0 and not _PACKED_WEIGHTS.get()
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            assert all(linear(x).dtype == torch.bfloat16 for _ in range(5))
+            assert all(linear(layer, x).dtype == torch.bfloat16 for _ in range(5))
         assert not _PACKED_WEIGHTS.get()
+
+
+def test_torch_dynamic_quantization_quantizes_every_linear_layer_as_in_marian_and_the_int8_model_translates():
+    """`torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)`, PyTorch's int8 recipe for CPU
+    inference that quantizes MarianMT's linear layers, finds every one of ours too (the projections, the feed-forward
+    layers and the output layer are `nn.Linear` itself: the recipe matches the exact class, and with a subclass it
+    silently quantized nothing). The int8 model's logits are near float32's, not equal, and it decodes."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+    model = tiny_model(seed=2, dropout=0.0).eval()
+    source, target = random_ids(3, 9, seed=4), random_ids(3, 7, seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor
+        quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    layers = {name: type(module) for name, module in quantized.named_modules()
+              if name.endswith(("_proj", ".w1", ".w2", "lm_head"))}  # fmt: skip
+    assert len(layers) == 4 * 3 * 2 + 2 * 2 * 2 + 1 and set(layers.values()) == {DynamicQuantizedLinear}, layers
+    with torch.no_grad():
+        exact = model(input_ids=source, decoder_input_ids=target).logits
+        int8 = quantized(input_ids=source, decoder_input_ids=target).logits
+    error = (int8 - exact).abs().max()
+    assert 0 < error <= 0.1 * exact.abs().max() and (int8.argmax(-1) == exact.argmax(-1)).float().mean() >= 0.9
+    assert quantized.generate(input_ids=source, num_beams=4, max_new_tokens=5).shape[0] == 3
+
+
+def test_hooks_pruning_and_accelerate_s_module_hooks_on_a_linear_layer_see_and_change_its_every_call():
+    """A linear layer runs through `modeling.linear`, which skips the module call only where that call is the product
+    alone: a forward hook sees every call with x W^T + b, a global module hook every layer, torch's pruning (a
+    forward pre-hook) and accelerate's `add_hook_to_module` (a replaced `forward`) change the model's output and
+    `generate`'s as they change the layer's."""
+    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
+    from torch.nn.utils import prune
+
+    model = tiny_model(seed=3, dropout=0.0).eval()
+    source, target = random_ids(2, 6, seed=6), random_ids(2, 5, seed=7)
+    layer = model.model.decoder.layers[0].self_attn.q_proj
+    seen = []
+    handle = layer.register_forward_hook(lambda module, args, output: seen.append((args[0], output)))
+    with torch.no_grad():
+        plain = model(input_ids=source, decoder_input_ids=target).logits
+    handle.remove()
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0][1], seen[0][0] @ layer.weight.T + layer.bias)
+
+    called = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: called.append(module) if isinstance(module, torch.nn.Linear) else None
+    )
+    with torch.no_grad():
+        model(input_ids=source, decoder_input_ids=target)
+    handle.remove()
+    assert len(called) == len([m for m in model.modules() if isinstance(m, torch.nn.Linear)])
+
+    class Halve(ModelHook):
+        def post_forward(self, module, output):
+            return output / 2
+
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        reference.model.decoder.layers[0].self_attn.q_proj.weight /= 2
+        reference.model.decoder.layers[0].self_attn.q_proj.bias /= 2
+        expected = reference(input_ids=source, decoder_input_ids=target).logits
+        add_hook_to_module(layer, Halve())
+        halved = model(input_ids=source, decoder_input_ids=target).logits
+        remove_hook_from_module(layer)
+        torch.testing.assert_close(halved, expected)
+        assert not torch.allclose(halved, plain)
+
+        prune.l1_unstructured(layer, "weight", amount=0.5)
+        reference.model.decoder.layers[0].self_attn.q_proj.weight.copy_(layer.weight)
+        reference.model.decoder.layers[0].self_attn.q_proj.bias.copy_(layer.bias)
+        torch.testing.assert_close(model(input_ids=source, decoder_input_ids=target).logits,
+                                   reference(input_ids=source, decoder_input_ids=target).logits)  # fmt: skip
+        settings = dict(num_beams=4, max_new_tokens=6, suppress_tokens=[2], output_scores=True,
+                        return_dict_in_generate=True)  # fmt: skip
+        pruned, wanted = model.generate(input_ids=source, **settings), reference.generate(input_ids=source, **settings)
+        assert torch.equal(pruned.sequences, wanted.sequences)
+        torch.testing.assert_close(pruned.sequences_scores, wanted.sequences_scores)
 
 
 def _onednn_products(function) -> tuple[int, object]:
@@ -954,7 +1032,7 @@ def test_float32_linear_through_onednn_gives_xw_plus_b_and_its_gradients_as_clos
     monkeypatch,
 ):
     """Where oneDNN's float32 product is the faster (AMD CPUs with AVX-512, on which MKL takes its AVX2 path: ~2.2x),
-    `Linear` multiplies float32 through oneDNN from 16 rows up: forward, dL/dx, dL/dW (and dL/db) each one oneDNN
+    `linear` multiplies float32 through oneDNN from 16 rows up: forward, dL/dx, dL/dW (and dL/db) each one oneDNN
     product, each as close to float64's as torch's product is; without autograd one product. Fewer rows, autocast and
     mkldnn off take torch's product. The whole model's gradients, so computed, are as close to float64's as those of
     torch's product."""
@@ -962,8 +1040,8 @@ def test_float32_linear_through_onednn_gives_xw_plus_b_and_its_gradients_as_clos
 
     monkeypatch.setattr(modeling, "_ONEDNN_FP32_FASTER", True)  # the path itself, on any x86 CPU with oneDNN
     torch.manual_seed(0)
-    linear = modeling.Linear(256, 300)
-    w, b = linear.weight.detach().double(), linear.bias.detach().double()
+    layer = torch.nn.Linear(256, 300)
+    w, b = layer.weight.detach().double(), layer.bias.detach().double()
     for x in (torch.randn(3, 7, 256), torch.randn(256, 20).t()):  # 21 rows in 3-D; 20 rows of a transposed view
         grad = torch.randn(*x.shape[:-1], 300)
         x64 = x.double().requires_grad_()
@@ -971,27 +1049,27 @@ def test_float32_linear_through_onednn_gives_xw_plus_b_and_its_gradients_as_clos
         torch.nn.functional.linear(x64, w64, b64).backward(grad.double())
         errors = {}
         for route in ("onednn", "torch"):
-            linear.zero_grad()
+            layer.zero_grad()
             xr = x.clone().requires_grad_()
             with plain_products() if route == "torch" else contextlib.nullcontext():
-                calls, y = _onednn_products(lambda: linear(xr))
+                calls, y = _onednn_products(lambda: modeling.linear(layer, xr))
                 backward_calls, _ = _onednn_products(lambda: y.backward(grad))
             assert (calls, backward_calls) == ((1, 2) if route == "onednn" else (0, 0))
             reference = x64.detach() @ w.T + b
             errors[route] = [(y.double() - reference).abs().max(), (xr.grad.double() - x64.grad).abs().max(),
-                             (linear.weight.grad.double() - w64.grad).abs().max(),
-                             (linear.bias.grad.double() - b64.grad).abs().max()]  # fmt: skip
+                             (layer.weight.grad.double() - w64.grad).abs().max(),
+                             (layer.bias.grad.double() - b64.grad).abs().max()]  # fmt: skip
         for onednn_error, torch_error in zip(errors["onednn"], errors["torch"]):
             assert onednn_error <= 4 * torch_error + 1e-6, errors
         with torch.no_grad():
-            calls, y = _onednn_products(lambda: linear(x))
+            calls, y = _onednn_products(lambda: modeling.linear(layer, x))
         assert calls == 1
         torch.testing.assert_close(y.double(), x.double() @ w.T + b, rtol=1e-5, atol=1e-5)
 
     few = torch.randn(15, 256, requires_grad=True)
-    assert _onednn_products(lambda: linear(few).sum().backward())[0] == 0
+    assert _onednn_products(lambda: modeling.linear(layer, few).sum().backward())[0] == 0
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        calls, y = _onednn_products(lambda: linear(torch.randn(32, 256)))
+        calls, y = _onednn_products(lambda: modeling.linear(layer, torch.randn(32, 256)))
     assert calls == 0 and y.dtype == torch.bfloat16
 
     model = tiny_model(seed=5, d_model=64, num_heads=2, dropout=0.0)
@@ -1020,22 +1098,22 @@ def test_float32_products_of_fewer_than_16_rows_go_through_onednn_only_for_weigh
     monkeypatch.setattr(modeling, "_ONEDNN_FP32_FASTER", True)
     torch.manual_seed(0)
     for in_features, out_features, expected in ((512, 1024, 1), (256, 1000, 0)):  # 2^19 entries, and fewer
-        linear = modeling.Linear(in_features, out_features)
-        w, b = linear.weight.detach().double(), linear.bias.detach().double()
+        layer = torch.nn.Linear(in_features, out_features)
+        w, b = layer.weight.detach().double(), layer.bias.detach().double()
         for rows in (1, 4, 15):
             x = torch.randn(rows, in_features)
             with torch.no_grad():
-                calls, y = _onednn_products(lambda: linear(x))
+                calls, y = _onednn_products(lambda: modeling.linear(layer, x))
             assert calls == expected, (out_features, rows)
             torch.testing.assert_close(y.double(), x.double() @ w.T + b, rtol=1e-5, atol=1e-5)
             grad = torch.randn(rows, out_features)
-            linear.zero_grad()
+            layer.zero_grad()
             xr = x.clone().requires_grad_()
-            calls, y = _onednn_products(lambda: linear(xr))
+            calls, y = _onednn_products(lambda: modeling.linear(layer, xr))
             backward_calls, _ = _onednn_products(lambda: y.backward(grad))
             assert (calls, backward_calls) == (expected, 2 * expected)
             torch.testing.assert_close(xr.grad.double(), grad.double() @ w, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(linear.weight.grad.double(), grad.double().T @ x.double(), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(layer.weight.grad.double(), grad.double().T @ x.double(), rtol=1e-5, atol=1e-5)
 
 
 @onednn
@@ -1048,17 +1126,17 @@ def test_onednn_products_without_autograd_see_at_most_16_row_counts_per_doubling
 
     monkeypatch.setattr(modeling, "_ONEDNN_FP32_FASTER", True)
     torch.manual_seed(0)
-    linear = modeling.Linear(512, 1040)  # packed on any CPU
-    w, b = linear.weight.detach().double(), linear.bias.detach().double()
+    layer = torch.nn.Linear(512, 1040)  # packed on any CPU
+    w, b = layer.weight.detach().double(), layer.bias.detach().double()
     for packed in (False, True):
         seen = set()
         with torch.no_grad(), modeling.packed_cpu_weights() if packed else contextlib.nullcontext():
             for _ in range(3 if packed else 0):  # packed from the fourth use
-                linear(torch.randn(2, 512))
+                modeling.linear(layer, torch.randn(2, 512))
             for rows in range(1, 301):
                 x = torch.randn(rows, 512) if rows % 2 else torch.randn(1, rows, 512)  # 2-D and 3-D
                 with torch.profiler.profile(record_shapes=True) as profile:
-                    y = linear(x)
+                    y = modeling.linear(layer, x)
                 shapes = [event.input_shapes[0] for event in profile.events()
                           if event.name == "mkldnn::_linear_pointwise"]  # fmt: skip
                 assert len(shapes) == 1  # W of 2^19 entries or more: oneDNN at any row count
@@ -1072,7 +1150,7 @@ def test_onednn_products_without_autograd_see_at_most_16_row_counts_per_doubling
             assert len({rows for rows in seen if octave <= rows < 2 * octave}) <= 16, sorted(seen)
     x = torch.randn(37, 512, requires_grad=True)
     with torch.profiler.profile(record_shapes=True) as profile:
-        linear(x)
+        modeling.linear(layer, x)
     assert [e.input_shapes[0][0] for e in profile.events() if e.name == "mkldnn::_linear_pointwise"] == [37]
 
 
@@ -1081,26 +1159,26 @@ def test_generate_on_packed_weights_gives_the_plain_paths_tokens_and_follows_eve
     """`generate` packs the decoder's weights (each used once per step: packed at the 4th step) and gives the tokens
     and scores of torch's own product (mkldnn off); after each way of changing weights that torch does not count as a
     change to the parameter (a fused Adam step, `.data.copy_`), the next `generate` follows the new weights."""
-    from vaswani_transformer.modeling_vaswani_transformer import _PACKED_WEIGHTS, Linear
+    from vaswani_transformer import modeling_vaswani_transformer as modeling
 
     # every weight at least 1024 x 1024, as packing asks on any CPU (512 x 512 elsewhere than on Intel's)
     model = tiny_model(seed=3, dropout=0.1, d_model=1024, d_ff=1024, vocab_size=1024, encoder_layers=1,
                        decoder_layers=1)  # fmt: skip
     source, target = random_ids(3, 7, seed=4), random_ids(3, 6, seed=5)
     packed = []
-    original = Linear.forward
+    original = modeling.linear
 
-    def spy(self, x):  # which layers are packed when the decoding ends
-        packs = _PACKED_WEIGHTS.get()
-        if self is model.lm_head and packs:
+    def spy(layer, x):  # which layers are packed when the decoding ends
+        packs = modeling._PACKED_WEIGHTS.get()
+        if layer is model.lm_head and packs:
             packed[:] = [name for name, module in model.named_modules() if torch.is_tensor(packs.get(module))]
-        return original(self, x)
+        return original(layer, x)
 
-    Linear.forward = spy
+    modeling.linear = spy
     try:
         model.generate(input_ids=source, num_beams=4, max_new_tokens=8, suppress_tokens=[2])
     finally:
-        Linear.forward = original
+        modeling.linear = original
     assert "lm_head" in packed and "model.decoder.layers.0.feed_forward.w1" in packed, packed
     assert "model.decoder.layers.0.encoder_attn.q_proj" in packed  # every step; its keys and values once, not packed
     assert not any(name.startswith("model.encoder.") or "encoder_attn.k_proj" in name or "encoder_attn.v_proj" in name

@@ -113,7 +113,7 @@ _PACKED_WEIGHTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("p
 
 @contextlib.contextmanager
 def packed_cpu_weights(copies: dict | None = None):
-    """Within (each `generate` call): a `Linear` used a fourth time (decoding steps) on a CPU, outside autograd,
+    """Within (each `generate` call): a linear layer used a fourth time (decoding steps) on a CPU, outside autograd,
     multiplies through oneDNN on a copy of its weight packed then for the rest of the block. The copies go on exit,
     so none can be stale: fused optimizers and `.data` writes change weights without telling anyone.
 
@@ -143,7 +143,7 @@ def _onednn_may_multiply(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `Linear` may multiply on a packed weight: oneDNN here and allowed (`_onednn_may_multiply`), no autograd,
+    """Whether `linear` may multiply on a packed weight: oneDNN here and allowed (`_onednn_may_multiply`), no autograd,
     float32 or a bf16 that oneDNN supports here, a weight worth packing."""
     return (  # the size first: it rules out most layers
         weight.numel() >= _PACK_MIN_WEIGHTS
@@ -156,9 +156,9 @@ def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _onednn_multiplies_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `Linear` multiplies float32 through oneDNN on W as stored: where MKL is the slower (`_ONEDNN_FP32_FASTER`),
-    at least `_ONEDNN_MIN_ROWS` rows or a W of at least `_ONEDNN_ANY_ROWS_WEIGHTS` entries, oneDNN allowed
-    (`_onednn_may_multiply`)."""
+    """Whether `linear` multiplies float32 through oneDNN on W as stored: where MKL is the slower
+    (`_ONEDNN_FP32_FASTER`), at least `_ONEDNN_MIN_ROWS` rows or a W of at least `_ONEDNN_ANY_ROWS_WEIGHTS` entries,
+    oneDNN allowed (`_onednn_may_multiply`)."""
     return (
         _ONEDNN_FP32_FASTER
         and x.dtype == torch.float32
@@ -223,28 +223,55 @@ class _OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias
 
 
-class Linear(nn.Linear):
-    """xW^T + b; inside `packed_cpu_weights`, from its fourth use on, through oneDNN on a packed copy of W (of at
-    least 512 x 512 entries, 512 x 1024 on Intel CPUs): MKL's product on W as stored is 1.1-3x slower on x86, most at
-    the few rows of a beam search step and the largest W. In float32 on AMD (and other non-Intel) AVX-512 CPUs, where
-    MKL takes its AVX2 path, through oneDNN on W as stored otherwise, training's gradients included."""
+# Hooks that every module's call runs (torch's `register_module_forward_hook` and kin).
+_GLOBAL_MODULE_HOOKS = tuple(
+    getattr(torch.nn.modules.module, name, {})
+    for name in ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+                 "_global_backward_hooks")
+)  # fmt: skip
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if is_torchdynamo_compiling():  # compiled graphs: inductor picks its own products
-            return super().forward(x)
-        packs = _PACKED_WEIGHTS.get()
-        if packs is not None and _onednn_packs(x, self.weight):
-            uses = packs.get(self, 0)  # the uses so far, until packed
-            if isinstance(uses, int) and uses + 1 >= _PACK_AT_USE:
-                uses = packs[self] = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
-            if not isinstance(uses, int):
-                return _onednn_product_bucketed(x, uses, self.bias)
-            packs[self] = uses + 1
-        if _onednn_multiplies_float32(x, self.weight):
-            if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-                return _OneDNNLinear.apply(x, self.weight, self.bias)  # training: token batches' shapes recur
-            return _onednn_product_bucketed(x, self.weight, self.bias)
-        return super().forward(x)
+
+def _runs_as_its_product(layer: nn.Module) -> bool:
+    """Whether `layer(x)` is F.linear(x, W, b) and nothing else: an `nn.Linear` itself (quantized, 8-bit and LoRA layers
+    are other classes), plain tensors for W and b (not torchao's), no hooks of its own or global ones (pruning's,
+    FSDP's), no replaced `forward` (accelerate's offloading) and no compiled call; not inside a compiled graph or a
+    trace, which see `layer(x)` as it is."""
+    return (
+        type(layer) is nn.Linear
+        and not is_torchdynamo_compiling()
+        and not torch.jit.is_tracing()
+        and type(layer.weight) in (nn.Parameter, torch.Tensor)
+        and (layer.bias is None or type(layer.bias) in (nn.Parameter, torch.Tensor))
+        and not (layer._forward_pre_hooks or layer._forward_hooks or layer._backward_pre_hooks or layer._backward_hooks)
+        and "forward" not in layer.__dict__
+        and layer._compiled_call_impl is None
+        and not any(_GLOBAL_MODULE_HOOKS)
+    )
+
+
+def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """xW^T + b of an `nn.Linear` layer, `layer(x)`. Where that is the product alone (`_runs_as_its_product`), on a CPU:
+    inside `packed_cpu_weights`, from its fourth use on, through oneDNN on a packed copy of W (of at least 512 x 512
+    entries, 512 x 1024 on Intel CPUs): MKL's product on W as stored is 1.1-3x slower on x86, most at the few rows of a
+    beam search step and the largest W. In float32 on AMD (and other non-Intel) AVX-512 CPUs, where MKL takes its AVX2
+    path, through oneDNN on W as stored otherwise, training's gradients included. The layers stay `nn.Linear`, so
+    that torch's dynamic quantization, PEFT, bitsandbytes and hooks find and replace or watch them as in any model."""
+    if not _runs_as_its_product(layer):
+        return layer(x)
+    weight, bias = layer.weight, layer.bias
+    packs = _PACKED_WEIGHTS.get()
+    if packs is not None and _onednn_packs(x, weight):
+        uses = packs.get(layer, 0)  # the uses so far, until packed
+        if isinstance(uses, int) and uses + 1 >= _PACK_AT_USE:
+            uses = packs[layer] = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        if not isinstance(uses, int):
+            return _onednn_product_bucketed(x, uses, bias)
+        packs[layer] = uses + 1
+    if _onednn_multiplies_float32(x, weight):
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            return _OneDNNLinear.apply(x, weight, bias)  # training: token batches' shapes recur
+        return _onednn_product_bucketed(x, weight, bias)
+    return nn.functional.linear(x, weight, bias)
 
 
 # 3.5 Positional encoding ---------------------------------------------------------------------------------------------
@@ -434,10 +461,10 @@ class MultiHeadAttention(nn.Module):
         self.d_v = config.head_dim_v
         self.scaling = self.d_k**-0.5
         self.attention_dropout = config.attention_dropout
-        self.q_proj = Linear(config.d_model, self.num_heads * self.d_k)
-        self.k_proj = Linear(config.d_model, self.num_heads * self.d_k)
-        self.v_proj = Linear(config.d_model, self.num_heads * self.d_v)
-        self.o_proj = Linear(self.num_heads * self.d_v, config.d_model)
+        self.q_proj = nn.Linear(config.d_model, self.num_heads * self.d_k)
+        self.k_proj = nn.Linear(config.d_model, self.num_heads * self.d_k)
+        self.v_proj = nn.Linear(config.d_model, self.num_heads * self.d_v)
+        self.o_proj = nn.Linear(self.num_heads * self.d_v, config.d_model)
 
     def _heads(self, states: torch.Tensor, head_dim: int) -> torch.Tensor:
         """(batch, length, h * d) -> (batch, h, length, d)."""
@@ -452,7 +479,7 @@ class MultiHeadAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         is_cross_attention = key_value_states is not None
-        query = self._heads(self.q_proj(hidden_states), self.d_k)
+        query = self._heads(linear(self.q_proj, hidden_states), self.d_k)
 
         layer_cache = cache
         if isinstance(cache, EncoderDecoderCache):
@@ -462,8 +489,8 @@ class MultiHeadAttention(nn.Module):
             key, value = layer_cache.layers[self.layer_idx].keys, layer_cache.layers[self.layer_idx].values
         else:
             source = key_value_states if is_cross_attention else hidden_states
-            key = self._heads(self.k_proj(source), self.d_k)
-            value = self._heads(self.v_proj(source), self.d_v)
+            key = self._heads(linear(self.k_proj, source), self.d_k)
+            value = self._heads(linear(self.v_proj, source), self.d_v)
             if layer_cache is not None:
                 key, value = layer_cache.update(key, value, self.layer_idx)
                 if is_cross_attention:
@@ -491,7 +518,7 @@ class MultiHeadAttention(nn.Module):
             **kwargs,
         )
         output = output.reshape(*hidden_states.shape[:-1], self.num_heads * self.d_v)
-        return self.o_proj(output), weights
+        return linear(self.o_proj, output), weights
 
 
 # 3.3 Position-wise feed-forward network ------------------------------------------------------------------------------
@@ -502,12 +529,12 @@ class PositionwiseFeedForward(nn.Module):
 
     def __init__(self, config: VaswaniTransformerConfig):
         super().__init__()
-        self.w1 = Linear(config.d_model, config.d_ff)
-        self.w2 = Linear(config.d_ff, config.d_model)
+        self.w1 = nn.Linear(config.d_model, config.d_ff)
+        self.w2 = nn.Linear(config.d_ff, config.d_model)
         self.activation_dropout = Dropout(config.activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.activation_dropout(torch.relu(self.w1(x))))
+        return linear(self.w2, self.activation_dropout(torch.relu(linear(self.w1, x))))
 
 
 # 3.1 Encoder and decoder layers --------------------------------------------------------------------------------------
@@ -866,7 +893,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
     def __init__(self, config: VaswaniTransformerConfig):
         super().__init__(config)
         self.model = VaswaniTransformerModel(config)
-        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.share_embeddings:
             self._tied_weights_keys = {
                 "lm_head.weight": "model.shared.weight",
@@ -950,7 +977,7 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
             decoder_position_ids=decoder_position_ids,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
+        logits = linear(self.lm_head, outputs.last_hidden_state)
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(

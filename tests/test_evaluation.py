@@ -416,6 +416,35 @@ def test_cli_dtype_loads_the_weights_in_it_and_the_report_says_so(model_dir, tmp
     assert "--dtype is for translating" in capsys.readouterr().err
 
 
+def test_cli_quantization_int8_translates_with_int8_linear_layers_and_the_report_says_so(model_dir, tmp_path, capsys):
+    """`vaswani-evaluate --quantization int8` translates with the model's linear layers in int8 (the translations of
+    the model so quantized) and the report says `model_quantization: int8` (absent without it); beside --hypotheses
+    it is a command-line error, and a model object with `quantization` a ValueError (quantize it yourself)."""
+    from vaswani_transformer.evaluation import main
+    from vaswani_transformer.translate import quantize_linear_layers, translate_lines
+
+    (tmp_path / "test.en").write_text("Ein Mann mit Hut.\nZwei Kinder.\nEin Haus am Fluss.\n", encoding="utf-8")
+    (tmp_path / "test.de").write_text("Ein Mann.\nZwei Kinder.\nEin Haus.\n", encoding="utf-8")
+    hypotheses = tmp_path / "hyp.int8"
+    assert main(["--model_name_or_path", str(model_dir), "--test_file", str(tmp_path / "test"), "--source_lang", "en",
+                 "--target_lang", "de", "--hypotheses_file", str(hypotheses), "--quantization", "int8"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model_quantization"] == "int8" and report["model_dtype"] == "float32"
+    model = quantize_linear_layers(AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval())
+    lines = (tmp_path / "test.en").read_text(encoding="utf-8").splitlines()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert hypotheses.read_text(encoding="utf-8").splitlines() == list(translate_lines(model, tokenizer, lines))
+    assert main(["--model_name_or_path", str(model_dir), "--test_file", str(tmp_path / "test"), "--source_lang", "en",
+                 "--target_lang", "de"]) == 0
+    assert "model_quantization" not in json.loads(capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main(["--hypotheses", str(tmp_path / "test.de"), "--reference", str(tmp_path / "test.de"), "--quantization",
+              "int8"])  # fmt: skip
+    assert "--quantization is for translating" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="`quantization` is for a model folder"):
+        evaluate_model(model, ["a"], ["b"], tokenizer=tokenizer, quantization="int8")
+
+
 def test_evaluate_model_checks_a_model_folder_as_vaswani_translate_does(model_dir, tmp_path):
     # evaluate_model loaded folders its own way: a missing or half-written folder gave transformers' messages.
     (tmp_path / "test.en").write_text("a\nb\n", encoding="utf-8")

@@ -373,6 +373,46 @@ def test_resume_refuses_an_output_begun_by_another_model_or_options(tmp_path, sa
     model.generation_config.max_new_tokens = None
 
 
+def test_int8_quantization_of_every_linear_layer_translates_is_recorded_for_resume_and_refuses_what_it_cannot(
+    tmp_path, saved, capsys
+):
+    """`--quantization int8` (`load_model_and_tokenizer(..., quantization="int8")`): every linear layer of the model
+    in int8 (PyTorch's dynamic quantization), one translation per line as the model so quantized gives them; the run
+    record names it, so a file begun in float32 does not resume in int8; a bf16 model, another quantization and the
+    CTranslate2 engine are refused with the reason."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+    from vaswani_transformer.translate import quantization_of, quantize_linear_layers
+
+    folder, _, _ = saved
+    model, tokenizer = load_model_and_tokenizer(str(folder), quantization="int8")
+    linear = [type(m) for m in model.modules() if isinstance(m, (torch.nn.Linear, DynamicQuantizedLinear))]
+    assert linear and set(linear) == {DynamicQuantizedLinear} and quantization_of(model) == "int8"
+    expected = translate_lines(model, tokenizer, LINES)
+    assert len(expected) == len(LINES) and expected[1] == expected[3] == ""
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    result = run_cli("--model", folder, "--input", source, "--output", output, "--quantization", "int8")
+    assert result.returncode == 0, result.stderr.decode()
+    assert output.read_text(encoding="utf-8").split("\n")[:-1] == [one_line(t) for t in expected]
+
+    plain, _ = load_model_and_tokenizer(str(folder))
+    assert quantization_of(plain) is None
+    source.write_bytes(("\n".join(LINES[:3]) + "\n").encode() + b"\xff\n")
+    with pytest.raises(ValueError, match="UTF-8"):  # a float32 run that stops at line 4
+        translate_file(plain, tokenizer, source, output, window=1)
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"begun by another run \(quantization: None then, 'int8' now\)"):
+        translate_file(model, tokenizer, source, output, resume=True)
+
+    with pytest.raises(ValueError, match="quantizes float32 weights; this model's are bfloat16"):
+        load_model_and_tokenizer(str(folder), dtype="bfloat16", quantization="int8")
+    with pytest.raises(ValueError, match="Unknown quantization 'int4'"):
+        quantize_linear_layers(plain, "int4")
+    assert main(["--model", str(folder), "-i", str(source), "--quantization", "int8", "--engine", "ctranslate2"]) == 1
+    assert "--quantization need --engine transformers (with ctranslate2 the weight type" in capsys.readouterr().err
+
+
 def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, saved, capsys, monkeypatch):
     # Opening the output emptied the input before a line was read: exit 0, an empty file (--resume: nothing done).
     folder, model, tokenizer = saved

@@ -46,9 +46,11 @@ from .translate import (
     DTYPES,
     add_decoding_arguments,
     add_memory_argument,
+    add_quantization_argument,
     decoding_arguments,
     keep_freed_memory_on_cpu,
     load_model_and_tokenizer,
+    quantization_of,
     translate_lines,
 )
 
@@ -285,6 +287,7 @@ def evaluate_model(
     hypotheses_file: PathLike | None = None,
     device: str | None = None,
     dtype: str | torch.dtype | None = None,
+    quantization: str | None = None,
 ) -> dict[str, Any]:
     """Translate a test set and score it (see `evaluation_report` for the returned/written fields).
 
@@ -298,6 +301,8 @@ def evaluate_model(
     device: move the model there first (default: leave it where it is).
     dtype: load a model folder's weights in this dtype ("bfloat16", torch.bfloat16; default: as saved), with a
         warning where the device only emulates it.
+    quantization: "int8", a model folder's linear layers in int8 on a CPU (`translate.quantize_linear_layers`); the
+        report then has `model_quantization`.
     """
     if dataset is not None:
         if sources is not None or references is not None:
@@ -323,11 +328,14 @@ def evaluate_model(
     if isinstance(model_or_path, (str, os.PathLike)):
         model_name = str(model_or_path)
         model, tokenizer = load_model_and_tokenizer(
-            model_or_path, device=device, dtype=dtype, tokenizer=tokenizer, remedy=remedy
+            model_or_path, device=device, dtype=dtype, quantization=quantization, tokenizer=tokenizer, remedy=remedy
         )
     else:
         if dtype is not None:
             raise ValueError("`dtype` is for a model folder; convert a model object with `model.to(dtype)`.")
+        if quantization is not None:
+            raise ValueError("`quantization` is for a model folder; quantize a model object with "
+                             "`translate.quantize_linear_layers(model)`.")  # fmt: skip
         model = model_or_path
         model_name = getattr(model, "name_or_path", None) or type(model).__name__
         if tokenizer is None:
@@ -348,6 +356,8 @@ def evaluate_model(
     first = next((line.strip() for line in sources if line.strip()), None)  # for a model card's attention picture
     extra = {"source_file": source_name, "reference_file": reference_name, "first_source_line": first,
              "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}  # fmt: skip
+    if quantization_of(model) is not None:
+        extra["model_quantization"] = quantization_of(model)
     if hypotheses_file is not None:
         extra["hypotheses_file"] = str(hypotheses_file)
     return evaluation_report(
@@ -429,6 +439,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available, else cpu).")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="Weights dtype (default: as saved).")
+    add_quantization_argument(parser)
     add_memory_argument(parser)
     args = parser.parse_args(argv)
 
@@ -448,8 +459,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--reference (or --test_file) is required.")
     if args.model_name_or_path and args.source is None:
         parser.error("--model_name_or_path needs --source (or --test_file).")
-    if args.hypotheses and args.dtype:
-        parser.error("--dtype is for translating with --model_name_or_path, not for scoring --hypotheses.")
+    for option in ("dtype", "quantization"):
+        if args.hypotheses and getattr(args, option):
+            parser.error(f"--{option} is for translating with --model_name_or_path, not for scoring --hypotheses.")
     decoding = {}
     for item in args.decoding:
         key, sep, value = item.partition("=")
@@ -478,14 +490,16 @@ def main(argv=None) -> int:
                 reference_file=args.reference,
             )  # fmt: skip
         else:
-            device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            # int8 (PyTorch's dynamic quantization) runs on a CPU: no GPU by default then
+            device = args.device or ("cuda" if torch.cuda.is_available() and not args.quantization else "cpu")
             keep_freed_memory_on_cpu(args.keep_freed_cpu_memory, device)
             report = evaluate_model(
                 args.model_name_or_path, args.source, args.reference, source_lang=args.source_lang,
                 target_lang=args.target_lang, decoding=args.decoding, tokenize=args.tokenize,
                 output_json=args.output_json, hypotheses_file=args.hypotheses_file, device=device, dtype=args.dtype,
+                quantization=args.quantization,
             )  # fmt: skip
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=2, ensure_ascii=False))

@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -107,18 +108,55 @@ def resolve_dtype(dtype: str | torch.dtype | None):
     return DTYPES[dtype]
 
 
+QUANTIZATIONS = ("int8",)
+
+
+def quantize_linear_layers(model, quantization: str = "int8"):
+    """`model` (float32, on a CPU) with every `nn.Linear` in int8, in place, by PyTorch's dynamic quantization for CPU
+    inference, `torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)`: int8 weights, each
+    call's inputs quantized as they come (fbgemm's kernels; VNNI where the CPU has it). An approximation, as bf16 is:
+    for inference only. Another quantization, device or dtype is a ValueError naming it; a torch without
+    `torch.ao.quantization` an ImportError."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"Unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}.")
+    weight = model.get_input_embeddings().weight
+    if weight.device.type != "cpu":
+        raise ValueError(f"--quantization {quantization} is PyTorch's dynamic quantization for CPUs; the model is on "
+                         f"{weight.device}: use --device cpu, or leave --quantization out.")
+    if weight.dtype != torch.float32:
+        raise ValueError(f"--quantization {quantization} quantizes float32 weights; this model's are "
+                         f"{str(weight.dtype).removeprefix('torch.')}: give --dtype float32 or leave --dtype out.")
+    ao_quantization = getattr(getattr(torch, "ao", None), "quantization", None)
+    if not hasattr(ao_quantization, "quantize_dynamic"):
+        raise ImportError(f"torch {torch.__version__} has no torch.ao.quantization.quantize_dynamic (--quantization "
+                          f"{quantization}); translate without --quantization.")  # fmt: skip
+    with warnings.catch_warnings():  # torch's notices that these APIs will move to torchao: nothing to act on here
+        warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quantize_per_channel")
+        return ao_quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def quantization_of(model) -> str | None:
+    """"int8" where `quantize_linear_layers` quantized `model`'s linear layers, else None."""
+    quantized = getattr(getattr(getattr(getattr(torch, "ao", None), "nn", None), "quantized", None), "dynamic", None)
+    kind = getattr(quantized, "Linear", None)
+    return "int8" if kind is not None and any(isinstance(m, kind) for m in model.modules()) else None
+
+
 def load_model_and_tokenizer(
     model_name_or_path: str | os.PathLike,
     *,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    quantization: str | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
     tokenizer=None,
     remedy: str = "translate in float32 (--dtype float32)",
 ):
     """(model in eval mode, tokenizer) from a local folder (checked with `check_model_folder` first) or a Hub id; the
-    tokenizer from the same place unless given. `remedy`: what the emulated-precision warning advises."""
+    tokenizer from the same place unless given. `quantization` ("int8"): the linear layers quantized
+    (`quantize_linear_layers`). `remedy`: what the emulated-precision warning advises."""
     name = os.fspath(model_name_or_path)
     if os.path.isdir(name):
         check_model_folder(name)
@@ -137,6 +175,8 @@ def load_model_and_tokenizer(
     if device is not None:
         model.to(device)
     warn_if_emulated(model, f"The model {name}", remedy)
+    if quantization is not None:
+        model = quantize_linear_layers(model.eval(), quantization)
     return model.eval(), tokenizer
 
 
@@ -323,7 +363,8 @@ BATCHING_OPTIONS = ("window", "max_tokens", "show_progress", "strict", "total") 
 
 
 def run_record(model, input_path, options: dict) -> dict:
-    """What decides an output file's lines: the model (its folder or Hub id), its dtype, the input, and the decoding
+    """What decides an output file's lines: the model (its folder or Hub id), its dtype and quantization, the input,
+    and the decoding
     (the generation config with the options given over it; `--resume` refuses to continue a file begun otherwise)."""
     model_name = getattr(model, "name_or_path", "") or ""
     generation = model.generation_config.to_dict() if getattr(model, "generation_config", None) else {}
@@ -333,6 +374,7 @@ def run_record(model, input_path, options: dict) -> dict:
         "model": os.path.abspath(model_name) if os.path.isdir(model_name) else model_name,
         "revision": getattr(getattr(model, "config", None), "_commit_hash", None),  # a Hub model's commit
         "dtype": str(getattr(model, "dtype", "")).removeprefix("torch."),
+        "quantization": quantization_of(model),
         "input": os.path.abspath(input_path) if is_regular_file(input_path) else PIPE_INPUT,
         # what decodes: the generation config with the options given over it (num_beams=4 given = the model's 4)
         "decoding": {**generation, **given},
@@ -489,6 +531,13 @@ def decoding_arguments(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
+def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    """`--quantization int8` (vaswani-translate, vaswani-evaluate): `quantize_linear_layers` after loading."""
+    parser.add_argument("--quantization", choices=QUANTIZATIONS,
+                        help="int8: the linear layers in int8 on a CPU (PyTorch's dynamic quantization; float32 "
+                        "weights), faster than float32 and an approximation of it (default: none).")  # fmt: skip
+
+
 def add_memory_argument(parser: argparse.ArgumentParser) -> None:
     """`--keep_freed_cpu_memory` (vaswani-translate, vaswani-evaluate; `keep_freed_memory_on_cpu` applies it)."""
     parser.add_argument("--keep_freed_cpu_memory", "--keep-freed-cpu-memory", type=string_to_bool, default=True,
@@ -526,6 +575,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--strict", action="store_true", help="Refuse over-long sources instead of truncating them.")
     parser.add_argument("--device", help="cpu, cuda, cuda:1, mps ... (default: cpu).")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="Weights dtype (default: as saved).")
+    add_quantization_argument(parser)
     parser.add_argument("--revision", help="Hub revision (branch, tag or commit).")
     parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true",
                         help="Allow the model's own code (not needed for vaswani_transformer models).")  # fmt: skip
@@ -582,12 +632,12 @@ def main(argv=None) -> int:
         return 1
     if args.engine == "ctranslate2":
         # transformers-only options are refused, not ignored (a CTranslate2 folder computes in its exported type)
-        given = [f"--{name}" for name in ("resume", "window", "dtype", "revision", "trust_remote_code")
-                 if getattr(args, name) is not None and getattr(args, name) is not False]  # fmt: skip
+        only = ("resume", "window", "dtype", "quantization", "revision", "trust_remote_code")
+        given = [f"--{name}" for name in only if getattr(args, name) is not None and getattr(args, name) is not False]
         if given:
             why = " (with ctranslate2 the weight type is chosen by vaswani-export-ctranslate2 --quantization)"
-            print(f"error: {', '.join(given)} need --engine transformers{why if '--dtype' in given else ''}.",
-                  file=sys.stderr)  # fmt: skip
+            typed = "--dtype" in given or "--quantization" in given
+            print(f"error: {', '.join(given)} need --engine transformers{why if typed else ''}.", file=sys.stderr)
             return 1
     names = ("max_tokens", "max_source_length", "window")
     options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
@@ -602,8 +652,8 @@ def main(argv=None) -> int:
             return 0
         keep_freed_memory_on_cpu(args.keep_freed_cpu_memory, args.device)
         model, tokenizer = load_model_and_tokenizer(
-            args.model_name_or_path, device=args.device, dtype=args.dtype, revision=args.revision,
-            trust_remote_code=args.trust_remote_code,
+            args.model_name_or_path, device=args.device, dtype=args.dtype, quantization=args.quantization,
+            revision=args.revision, trust_remote_code=args.trust_remote_code,
         )  # fmt: skip
         translate_file(
             model, tokenizer, args.input, args.output, resume=args.resume, strict=args.strict,
@@ -634,6 +684,8 @@ __all__ = [
     "load_model_and_tokenizer",
     "main",
     "prepare_resume",
+    "quantization_of",
+    "quantize_linear_layers",
     "run_record",
     "resolve_dtype",
     "translate_file",

@@ -1020,6 +1020,29 @@ def test_hooks_pruning_and_accelerate_s_module_hooks_on_a_linear_layer_see_and_c
         torch.testing.assert_close(pruned.sequences_scores, wanted.sequences_scores)
 
 
+def test_torch_func_grad_of_the_model_gives_its_backward_pass_s_gradients(monkeypatch):
+    """Under torch.func's transforms the linear layers take torch's product (oneDNN's ops and `_OneDNNLinear` have no
+    rules for them: on AMD CPUs with AVX-512 `torch.func.grad` of the model raised), so `grad` of the loss through
+    `functional_call` gives the gradients of the model's own backward pass, with the oneDNN path on."""
+    from torch.func import functional_call, grad
+
+    from vaswani_transformer import modeling_vaswani_transformer as modeling
+
+    if modeling._HAS_ONEDNN_LINEAR:
+        monkeypatch.setattr(modeling, "_ONEDNN_FP32_FASTER", True)  # the path that raised, on any x86 CPU
+    model = tiny_model(seed=4, dropout=0.0, d_model=64, num_heads=2)
+    source, target = random_ids(3, 8, seed=8), random_ids(3, 8, seed=9)  # 24 rows: oneDNN's path outside torch.func
+    params = {name: p.detach() for name, p in model.named_parameters()}
+
+    def loss(parameters):
+        return functional_call(model, parameters, (), {"input_ids": source, "labels": target}).loss
+
+    gradients = grad(loss)(params)
+    model(input_ids=source, labels=target).loss.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(gradients[name], p.grad, rtol=1e-4, atol=1e-6)
+
+
 def _onednn_products(function) -> tuple[int, object]:
     """(the number of oneDNN linear products, the result) of `function()`."""
     with torch.profiler.profile() as profile:

@@ -235,11 +235,13 @@ def _runs_as_its_product(layer: nn.Module) -> bool:
     """Whether `layer(x)` is F.linear(x, W, b) and nothing else: an `nn.Linear` itself (quantized, 8-bit and LoRA layers
     are other classes), plain tensors for W and b (not torchao's), no hooks of its own or global ones (pruning's,
     FSDP's), no replaced `forward` (accelerate's offloading) and no compiled call; not inside a compiled graph or a
-    trace, which see `layer(x)` as it is."""
+    trace, which see `layer(x)` as it is, nor under torch.func's transforms (vmap, grad: oneDNN's ops and
+    `_OneDNNLinear` have no rules for them)."""
     return (
         type(layer) is nn.Linear
         and not is_torchdynamo_compiling()
         and not torch.jit.is_tracing()
+        and not torch._C._are_functorch_transforms_active()
         and type(layer.weight) in (nn.Parameter, torch.Tensor)
         and (layer.bias is None or type(layer.bias) in (nn.Parameter, torch.Tensor))
         and not (layer._forward_pre_hooks or layer._forward_hooks or layer._backward_pre_hooks or layer._backward_hooks)

@@ -123,6 +123,22 @@ def test_pipeline_from_model_object_and_num_return_sequences(saved, translation_
     assert [[o["translation_text"] for o in r] for r in result] == [expected[:2], expected[2:]]
 
 
+def test_a_pipeline_over_an_int8_model_translates_as_its_generate_does(saved, translation_pipeline):
+    """`pipeline("translation", model=quantized)`, a model whose linear layers `quantize_linear_layers` put in int8
+    (PyTorch's dynamic quantization, as `vaswani-translate --quantization int8`), gives the quantized model's own
+    `generate` translations of the same batches: one sentence at a time, and four. (int8 is not batch-invariant:
+    the inputs' int8 scale is one per product, over the batch.)"""
+    from vaswani_transformer.translate import load_model_and_tokenizer, quantization_of
+
+    folder, _, _ = saved
+    model, tokenizer = load_model_and_tokenizer(str(folder), quantization="int8")
+    assert quantization_of(model) == "int8"
+    pipe = translation_pipeline("translation", model=model, tokenizer=tokenizer)
+    assert texts(pipe(SOURCES)) == generate_one_by_one(model, tokenizer, SOURCES)
+    in_fours = [text for i in range(0, len(SOURCES), 4) for text in generate_texts(model, tokenizer, SOURCES[i : i + 4])]
+    assert texts(pipe(SOURCES, batch_size=4)) == in_fours
+
+
 def test_stop_strings_need_no_tokenizer_from_the_caller(saved, translation_pipeline):
     """`pipe(texts, stop_strings=[...])` passes generate its own tokenizer (generate needs one to read stop strings),
     with the paper's search and with greedy decoding: as generate given the tokenizer."""

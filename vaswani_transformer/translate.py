@@ -115,8 +115,9 @@ def quantize_linear_layers(model, quantization: str = "int8"):
     """`model` (float32, on a CPU) with every `nn.Linear` in int8, in place, by PyTorch's dynamic quantization for CPU
     inference, `torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)`: int8 weights, each
     call's inputs quantized as they come (fbgemm's kernels; VNNI where the CPU has it). An approximation, as bf16 is:
-    for inference only. Another quantization, device or dtype is a ValueError naming it; a torch without
-    `torch.ao.quantization` an ImportError."""
+    for inference only, and not batch-invariant (an input's int8 scale is one per product, over the batch: a line's
+    translation may change with the lines batched with it, `--max_tokens`, or where `--resume` starts). Another
+    quantization, device or dtype is a ValueError naming it; a torch without `torch.ao.quantization` an ImportError."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"Unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}.")
     weight = model.get_input_embeddings().weight

@@ -158,7 +158,7 @@ def time_split(model, run, inputs, steps: int, repeats: int, device: torch.devic
     """Milliseconds per decoding step in the output layer, the other linear layers, the rest of the forward pass and
     the rest of `generate`, from forward hooks on `model` (mean of `repeats` calls of `run`, after one warm-up; on a
     GPU every hook synchronises). Our model's linear layers are timed around `modeling.linear` instead: with a hook a
-    layer runs as `layer(x)`, torch's product (`modeling._runs_as_its_product`)."""
+    layer runs as `layer(x)`, torch's product (`modeling._product_operands`)."""
     spent = dict.fromkeys(("output layer", "other linear layers", "forward", "generate"), 0.0)
     starts, handles = {}, []
     output_layer = model.get_output_embeddings()

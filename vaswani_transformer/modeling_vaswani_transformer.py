@@ -231,36 +231,47 @@ _GLOBAL_MODULE_HOOKS = tuple(
 )  # fmt: skip
 
 
-def _runs_as_its_product(layer: nn.Module) -> bool:
-    """Whether `layer(x)` is F.linear(x, W, b) and nothing else: an `nn.Linear` itself (quantized, 8-bit and LoRA layers
-    are other classes), plain tensors for W and b (not torchao's), no hooks of its own or global ones (pruning's,
-    FSDP's), no replaced `forward` (accelerate's offloading) and no compiled call; not inside a compiled graph or a
-    trace, which see `layer(x)` as it is, nor under torch.func's transforms (vmap, grad: oneDNN's ops and
-    `_OneDNNLinear` have no rules for them)."""
-    return (
-        type(layer) is nn.Linear
-        and not is_torchdynamo_compiling()
-        and not torch.jit.is_tracing()
-        and not torch._C._are_functorch_transforms_active()
-        and type(layer.weight) in (nn.Parameter, torch.Tensor)
-        and (layer.bias is None or type(layer.bias) in (nn.Parameter, torch.Tensor))
-        and not (layer._forward_pre_hooks or layer._forward_hooks or layer._backward_pre_hooks or layer._backward_hooks)
-        and "forward" not in layer.__dict__
-        and layer._compiled_call_impl is None
-        and not any(_GLOBAL_MODULE_HOOKS)
-    )
+_PLAIN_TENSORS = (nn.Parameter, torch.Tensor)
+
+
+def _product_operands(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(W, b) where `layer(x)` is F.linear(x, W, b) and nothing else, else None: an `nn.Linear` itself (quantized,
+    8-bit and LoRA layers are other classes), plain tensors for W and b (not torchao's), no hooks of its own or global
+    ones (pruning's, FSDP's), no replaced `forward` (accelerate's offloading) and no compiled call; not inside a
+    compiled graph or a trace, which see `layer(x)` as it is, nor under torch.func's transforms (vmap, grad: oneDNN's
+    ops and `_OneDNNLinear` have no rules for them). Read from the layer's own dicts: a decoding step asks 24-100
+    times."""
+    if type(layer) is not nn.Linear:
+        return None
+    state = layer.__dict__
+    weight, bias = state["_parameters"].get("weight"), state["_parameters"].get("bias")
+    if (
+        type(weight) not in _PLAIN_TENSORS
+        or (bias is not None and type(bias) not in _PLAIN_TENSORS)
+        or state["_forward_pre_hooks"] or state["_forward_hooks"]
+        or state["_backward_pre_hooks"] or state["_backward_hooks"]
+        or "forward" in state
+        or getattr(layer, "_compiled_call_impl", None) is not None
+        or any(_GLOBAL_MODULE_HOOKS)
+        or is_torchdynamo_compiling()
+        or torch.jit.is_tracing()
+        or torch._C._are_functorch_transforms_active()
+    ):  # fmt: skip
+        return None
+    return weight, bias
 
 
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """xW^T + b of an `nn.Linear` layer, `layer(x)`. Where that is the product alone (`_runs_as_its_product`), on a CPU:
+    """xW^T + b of an `nn.Linear` layer, `layer(x)`. Where that is the product alone (`_product_operands`), on a CPU:
     inside `packed_cpu_weights`, from its fourth use on, through oneDNN on a packed copy of W (of at least 512 x 512
     entries, 512 x 1024 on Intel CPUs): MKL's product on W as stored is 1.1-3x slower on x86, most at the few rows of a
     beam search step and the largest W. In float32 on AMD (and other non-Intel) AVX-512 CPUs, where MKL takes its AVX2
     path, through oneDNN on W as stored otherwise, training's gradients included. The layers stay `nn.Linear`, so
     that torch's dynamic quantization, PEFT, bitsandbytes and hooks find and replace or watch them as in any model."""
-    if not _runs_as_its_product(layer):
+    operands = _product_operands(layer)
+    if operands is None:
         return layer(x)
-    weight, bias = layer.weight, layer.bias
+    weight, bias = operands
     packs = _PACKED_WEIGHTS.get()
     if packs is not None and _onednn_packs(x, weight):
         uses = packs.get(layer, 0)  # the uses so far, until packed

@@ -356,8 +356,8 @@ def evaluate_model(
     first = next((line.strip() for line in sources if line.strip()), None)  # for a model card's attention picture
     extra = {"source_file": source_name, "reference_file": reference_name, "first_source_line": first,
              "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}  # fmt: skip
-    if quantization_of(model) is not None:
-        extra["model_quantization"] = quantization_of(model)
+    if (quantized := quantization_of(model)) is not None:
+        extra["model_quantization"] = quantized
     if hypotheses_file is not None:
         extra["hypotheses_file"] = str(hypotheses_file)
     return evaluation_report(

@@ -109,6 +109,10 @@ def resolve_dtype(dtype: str | torch.dtype | None):
 
 
 QUANTIZATIONS = ("int8",)
+try:  # the layer `quantize_linear_layers` puts in (torch imports it itself; torch.ao announces a move to torchao)
+    from torch.ao.nn.quantized.dynamic import Linear as _INT8_LINEAR
+except ImportError:
+    _INT8_LINEAR = None
 
 
 def quantize_linear_layers(model, quantization: str = "int8"):
@@ -139,9 +143,7 @@ def quantize_linear_layers(model, quantization: str = "int8"):
 
 def quantization_of(model) -> str | None:
     """"int8" where `quantize_linear_layers` quantized `model`'s linear layers, else None."""
-    quantized = getattr(getattr(getattr(getattr(torch, "ao", None), "nn", None), "quantized", None), "dynamic", None)
-    kind = getattr(quantized, "Linear", None)
-    return "int8" if kind is not None and any(isinstance(m, kind) for m in model.modules()) else None
+    return "int8" if _INT8_LINEAR is not None and any(isinstance(m, _INT8_LINEAR) for m in model.modules()) else None
 
 
 def load_model_and_tokenizer(
@@ -365,8 +367,8 @@ BATCHING_OPTIONS = ("window", "max_tokens", "show_progress", "strict", "total") 
 
 def run_record(model, input_path, options: dict) -> dict:
     """What decides an output file's lines: the model (its folder or Hub id), its dtype and quantization, the input,
-    and the decoding
-    (the generation config with the options given over it; `--resume` refuses to continue a file begun otherwise)."""
+    and the decoding (the generation config with the options given over it; `--resume` refuses to continue a file
+    begun otherwise)."""
     model_name = getattr(model, "name_or_path", "") or ""
     generation = model.generation_config.to_dict() if getattr(model, "generation_config", None) else {}
     generation = {k: v for k, v in generation.items() if v is not None and k != "transformers_version"}

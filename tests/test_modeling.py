@@ -48,6 +48,42 @@ def test_positional_encoding_is_the_paper_formula_in_float64():
     assert sinusoidal_position_encoding(5000, 8).shape == (5000, 8)
 
 
+@pytest.mark.parametrize("layout", ["sinusoidal", "tensor2tensor"])
+def test_the_model_s_kept_encodings_are_the_computed_ones_at_every_offset_length_and_dtype(layout):
+    """The model keeps its first positions' encodings (decoding steps read one row): each offset and length, within
+    the kept table and past it, in float32, bfloat16 and float64, is the computation of those positions alone."""
+    from vaswani_transformer.modeling_vaswani_transformer import SinusoidalPositionalEncoding
+
+    module = SinusoidalPositionalEncoding(32, layout, position_offset=2)
+    kept = SinusoidalPositionalEncoding.TABLE_POSITIONS
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        like = torch.empty(0, dtype=dtype)
+        for offset, length in [(0, 1), (0, 7), (5, 1), (63, 2), (100, 30), (kept - 1, 1), (kept - 3, 6), (3000, 4)]:
+            computed = module.encode(torch.arange(length, dtype=like.dtype if dtype == torch.float64 else torch.float32)
+                                     + offset + 2, 32).to(dtype)  # fmt: skip
+            actual = module(length, offset, like)
+            assert actual.dtype == dtype and actual.shape == (length, 32)
+            torch.testing.assert_close(actual, computed, atol=2e-7 if dtype == torch.float32 else 0, rtol=0)
+
+
+def test_a_float64_model_s_kept_encodings_come_from_float64_angles_and_writes_to_them_change_nothing():
+    """After `.double()` the kept encodings are the formula to float64's rounding at position 1000, not float32's
+    ~1e-4 (the table is not a buffer that `.to` would cast); what the module returns is a copy."""
+    model = tiny_model()
+    positions = model.model.decoder.embedding.embed_positions
+    d_model, position = model.config.d_model, 1000
+    positions(1, position, like=torch.empty(0))  # keeps float32 encodings up to there
+    model = model.double()
+    expected = torch.tensor([(math.sin if j % 2 == 0 else math.cos)(position / 10000 ** (2 * (j // 2) / d_model))
+                             for j in range(d_model)], dtype=torch.float64)  # fmt: skip
+    row = positions(1, position, like=torch.empty(0, dtype=torch.float64))
+    torch.testing.assert_close(row[0], expected, atol=1e-12, rtol=0)
+    row.fill_(7.0)
+    torch.testing.assert_close(positions(1, position, like=torch.empty(0, dtype=torch.float64))[0], expected,
+                               atol=1e-12, rtol=0)  # fmt: skip
+    assert not any("position" in name for name in model.state_dict())
+
+
 def test_positional_encoding_of_a_float64_model_is_the_formula_far_beyond_training_lengths():
     """A float64 model computes the angles in float64: position 10000 is the formula to rounding, not float32's 1e-4."""
     d_model, start = 64, 10_000

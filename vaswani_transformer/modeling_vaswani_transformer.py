@@ -352,24 +352,45 @@ def _is_padding_mask(attention_mask) -> bool:
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """Section 3.5: fixed sinusoids, computed at run time for any length (no parameters, nothing in the checkpoint)."""
+    """Section 3.5: fixed sinusoids, computed at run time for any length (no parameters, nothing in the checkpoint).
+
+    The first positions' encodings are computed once and kept (as fairseq keeps its table): a decoding step needs
+    one row, which costs ~10 small ops to compute (3% of a small model's beam search step at batch 1)."""
+
+    TABLE_POSITIONS = 1024  # the most positions kept; later ones, a static cache's and a compiled graph's are computed
 
     def __init__(self, d_model: int, layout: str = "sinusoidal", position_offset: int = 0):
         super().__init__()
         self.d_model = d_model
         self.position_offset = position_offset
         self.encode = tensor2tensor_encoding_at if layout == "tensor2tensor" else sinusoidal_encoding_at
+        self._table: torch.Tensor | None = None  # not a buffer: never saved, and `.to` would cast float64 angles
 
     def forward(
         self, seq_len: int, offset: int | torch.Tensor, like: torch.Tensor, position_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Encodings of positions offset..offset+seq_len-1 (seq_len, d_model), or of `position_ids` (batch, seq_len)."""
         angle_dtype = _angle_dtype(like.dtype)
+        if position_ids is None and isinstance(offset, int) and not is_torchdynamo_compiling():
+            end = offset + seq_len
+            if end <= self.TABLE_POSITIONS:
+                table = self._kept_table(end, like.device, angle_dtype)
+                return table[offset:end].to(like.dtype, copy=True)  # a copy: the caller may write into it
         if position_ids is None:
             positions = torch.arange(seq_len, device=like.device, dtype=angle_dtype) + offset
         else:
             positions = position_ids.to(device=like.device, dtype=angle_dtype)
         return self.encode(positions + self.position_offset, self.d_model).to(like.dtype)
+
+    def _kept_table(self, positions: int, device: torch.device, angle_dtype: torch.dtype) -> torch.Tensor:
+        """The encodings of at least `positions` first positions on `device` from `angle_dtype` angles, computed
+        where the kept ones are fewer or other (a power of two of them, at least 64)."""
+        table = self._table
+        if table is None or len(table) < positions or table.device != device or table.dtype != angle_dtype:
+            count = min(self.TABLE_POSITIONS, max(64, 1 << (positions - 1).bit_length()))
+            angles = torch.arange(count, device=device, dtype=angle_dtype) + self.position_offset
+            table = self._table = self.encode(angles, self.d_model)
+        return table
 
 
 class LearnedPositionalEmbedding(nn.Embedding):

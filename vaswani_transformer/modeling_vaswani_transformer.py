@@ -355,7 +355,7 @@ class SinusoidalPositionalEncoding(nn.Module):
     """Section 3.5: fixed sinusoids, computed at run time for any length (no parameters, nothing in the checkpoint).
 
     The first positions' encodings are computed once and kept (as fairseq keeps its table): a decoding step needs
-    one row, which costs ~10 small ops to compute (3% of a small model's beam search step at batch 1)."""
+    one row, which would cost ~10 small operator calls to compute each step."""
 
     TABLE_POSITIONS = 1024  # the most positions kept; later ones, a static cache's and a compiled graph's are computed
 

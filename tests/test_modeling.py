@@ -53,17 +53,19 @@ def test_the_model_s_kept_encodings_are_the_computed_ones_at_every_offset_length
     """The model keeps its first positions' encodings (decoding steps read one row): each offset and length, within
     the kept table and past it, in float32, bfloat16 and float64, is the computation of those positions alone."""
     from vaswani_transformer.modeling_vaswani_transformer import SinusoidalPositionalEncoding
+    from vaswani_transformer.modeling_vaswani_transformer import tensor2tensor_position_encoding
 
+    computation = sinusoidal_position_encoding if layout == "sinusoidal" else tensor2tensor_position_encoding
     module = SinusoidalPositionalEncoding(32, layout, position_offset=2)
     kept = SinusoidalPositionalEncoding.TABLE_POSITIONS
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         like = torch.empty(0, dtype=dtype)
         for offset, length in [(0, 1), (0, 7), (5, 1), (63, 2), (100, 30), (kept - 1, 1), (kept - 3, 6), (3000, 4)]:
-            computed = module.encode(torch.arange(length, dtype=like.dtype if dtype == torch.float64 else torch.float32)
-                                     + offset + 2, 32).to(dtype)  # fmt: skip
             actual = module(length, offset, like)
             assert actual.dtype == dtype and actual.shape == (length, 32)
+            computed = computation(length, 32, offset=offset + 2, dtype=dtype)
             torch.testing.assert_close(actual, computed, atol=2e-7 if dtype == torch.float32 else 0, rtol=0)
+        assert len(module._table) == kept  # the rows came from the kept table
 
 
 def test_a_float64_model_s_kept_encodings_come_from_float64_angles_and_writes_to_them_change_nothing():

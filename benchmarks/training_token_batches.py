@@ -39,11 +39,13 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -192,13 +194,15 @@ def child(args) -> dict:
         for batch in batches:
             step(batch)
     seconds, tokens, flops = 0.0, 0, 0.0
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    profiler = torch.profiler.profile(activities=activities) if args.profile else None
+    profiler = None
+    if args.profile and device.type == "cuda":
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        profiler = torch.profiler.profile(activities=activities)
+    elif args.profile:
+        profiler = OperatorTimes()
     for index, batch in enumerate(batches):
         if profiler is not None and index == args.warmup:
-            profiler.start()
+            profiler.__enter__()
         spent, target_tokens, batch_flops = step(batch)
         if index >= args.warmup:  # warm-up steps are not timed
             seconds, tokens, flops = seconds + spent, tokens + target_tokens, flops + batch_flops
@@ -206,8 +210,8 @@ def child(args) -> dict:
     steps = len(batches) - args.warmup
     shares = None
     if profiler is not None:
-        profiler.stop()
-        shares = profile_shares(profiler.key_averages(), device)
+        profiler.__exit__(None, None, None)
+        shares = profile_shares(profiler.seconds if isinstance(profiler, OperatorTimes) else kernel_times(profiler))
     return {"ms": 1000 * seconds / steps, "tok_s": tokens / seconds, "flop_s": flops / seconds, "memory": peak_memory,
             "attention": attention_for(precision != "fp32", device), "profile": shares}
 
@@ -242,15 +246,39 @@ PROFILE_GROUPS = {
 }
 
 
-def profile_shares(events, device: torch.device) -> dict[str, float]:
-    """Share of the profiled self time per `PROFILE_GROUPS` entry (CPU time, or GPU kernel time on a GPU), the rest as
-    elementwise and other ops."""
-    field = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    # Operators only (their device time is that of the kernels they launched): the kernels' own rows would count twice.
-    events = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
-    total = sum(getattr(e, field) for e in events)
-    shares = {group: sum(getattr(e, field) for e in events if e.key in names) / total
-              for group, names in PROFILE_GROUPS.items()}  # fmt: skip
+class OperatorTimes(TorchDispatchMode):
+    """Within the block, the wall time of every operator torch runs (forward, autograd's backward, the optimizer),
+    summed per operator name as torch.profiler names them ("aten::mm"): `seconds`. Each call is timed as a whole,
+    the operators it calls inside included, once. On a CPU, where a training step runs thousands of small operators,
+    torch.profiler's own cost lands in each operator's time (a cast's nested copy, empty and as_strided each a
+    record) and roughly doubled the casts' share of a small model's bf16 step; this costs the Python call around
+    each operator, outside its timer."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds: dict[str, float] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        result = func(*args, **(kwargs or {}))
+        spent = time.perf_counter() - start
+        name = func._schema.name
+        self.seconds[name] = self.seconds.get(name, 0.0) + spent
+        return result
+
+
+def kernel_times(profiler: torch.profiler.profile) -> dict[str, float]:
+    """GPU kernel time per operator name of a profiled run (the operators' rows: their device time is that of the
+    kernels they launched; the kernels' own rows would count twice)."""
+    events = [e for e in profiler.key_averages() if e.device_type == torch.autograd.DeviceType.CPU]
+    return {e.key: e.self_device_time_total / 1e6 for e in events}
+
+
+def profile_shares(seconds: dict[str, float]) -> dict[str, float]:
+    """Share of the time per `PROFILE_GROUPS` entry, from time per operator name, the rest as elementwise and
+    other ops."""
+    total = sum(seconds.values())
+    shares = {group: sum(seconds.get(name, 0.0) for name in names) / total for group, names in PROFILE_GROUPS.items()}
     shares["elementwise and other ops (adds, masks, ReLU, ...)"] = 1.0 - sum(shares.values())
     return shares
 
@@ -375,8 +403,8 @@ def main():
     print(f"\nOurs {how} against MarianMT's standard recipe (random 64-sentence "
           f"batches, fp32: transformers' default): {ours['tok_s'] / standard['tok_s']:.2f}x real target tokens / s")
     if profiles:
-        kind_of_time = "GPU kernel time" if device.type == "cuda" else "CPU time"
-        print(f"\nWhere the time of a step goes (token batches; share of the profiled {kind_of_time}, torch.profiler):")
+        kind_of_time = "GPU kernel time, torch.profiler" if device.type == "cuda" else "operators' wall time"
+        print(f"\nWhere the time of a step goes (token batches; share of the {kind_of_time}):")
         columns = list(profiles)
         print("| ops | " + " | ".join(f"{kind}, {precision}" for kind, precision in columns) + " |")
         print("| --- |" + " --- |" * len(columns))

@@ -49,3 +49,33 @@ def test_bf16_notes_give_the_real_reason():
     assert fp32_only_native[1].count("fp32") == 1 and "--bf16 no" in fp32_only_native[1]
     assert both_native == ["bf16", "as the CPU recipe trains here (bf16)"]
     assert fp32_only_emulated == both_emulated == ["fp32", "as the CPU recipe trains here (fp32)"]
+
+
+def test_operator_times_see_every_operator_of_a_training_step_once():
+    """training_token_batches.py's `--profile` on a CPU (`OperatorTimes`): a bf16-autocast step of a linear layer
+    shows autocast's casts, autograd's backward products and fused Adam under torch.profiler's names; an operator
+    that calls others inside (a cast's copy) is timed once, as itself; the times add up to no more than the block's
+    wall time; and `profile_shares` puts them in their groups, the shares summing to one."""
+    code = (
+        f"import sys, json, time, torch; sys.path.insert(0, {BENCHMARKS!r}); import training_token_batches as t\n"
+        "torch.manual_seed(0); layer = torch.nn.Linear(64, 32)\n"
+        "optimizer = torch.optim.Adam(layer.parameters(), fused=True)\n"
+        "x = torch.randn(16, 64)\n"
+        "timer = t.OperatorTimes(); start = time.perf_counter()\n"
+        "with timer:\n"
+        "    with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+        "        y = layer(x)\n"
+        "    y.float().square().sum().backward(); optimizer.step()\n"
+        "wall = time.perf_counter() - start\n"
+        "print(json.dumps([timer.seconds, wall, t.profile_shares(timer.seconds)]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    seconds, wall, shares = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"aten::_to_copy", "aten::addmm", "aten::mm", "aten::_fused_adam_"} <= set(seconds), sorted(seconds)
+    assert "aten::copy_" not in seconds  # inside `_to_copy`: counted there, not twice
+    assert all(value > 0 for value in seconds.values())
+    assert sum(seconds.values()) <= wall
+    assert shares["precision casts (bf16 <-> fp32)"] > 0 and shares["optimizer (fused Adam)"] > 0
+    assert shares["matrix products (mm, addmm, bmm, oneDNN's linear)"] > 0
+    assert abs(sum(shares.values()) - 1.0) < 1e-9

@@ -251,8 +251,7 @@ class OperatorTimes(TorchDispatchMode):
     summed per operator name as torch.profiler names them ("aten::mm"): `seconds`. Each call is timed as a whole,
     the operators it calls inside included, once. On a CPU, where a training step runs thousands of small operators,
     torch.profiler's own cost lands in each operator's time (a cast's nested copy, empty and as_strided each a
-    record) and roughly doubled the casts' share of a small model's bf16 step; this costs the Python call around
-    each operator, outside its timer."""
+    record) and inflates the small ones' share; this costs a Python call around each operator, outside its timer."""
 
     def __init__(self):
         super().__init__()

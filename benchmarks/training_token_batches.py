@@ -34,6 +34,7 @@ Needs ../shared/data/multi30k (relative to the repository root); trains (once, c
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import subprocess
@@ -200,17 +201,17 @@ def child(args) -> dict:
         profiler = torch.profiler.profile(activities=activities)
     elif args.profile:
         profiler = OperatorTimes()
-    for index, batch in enumerate(batches):
-        if profiler is not None and index == args.warmup:
-            profiler.__enter__()
-        spent, target_tokens, batch_flops = step(batch)
-        if index >= args.warmup:  # warm-up steps are not timed
-            seconds, tokens, flops = seconds + spent, tokens + target_tokens, flops + batch_flops
+    with contextlib.ExitStack() as profiling:  # the profiler, from the first timed update to the last
+        for index, batch in enumerate(batches):
+            if profiler is not None and index == args.warmup:
+                profiling.enter_context(profiler)
+            spent, target_tokens, batch_flops = step(batch)
+            if index >= args.warmup:  # warm-up steps are not timed
+                seconds, tokens, flops = seconds + spent, tokens + target_tokens, flops + batch_flops
     peak_memory = peak_memory_mib(device)  # a fresh process: the peak of this setting alone
     steps = len(batches) - args.warmup
     shares = None
     if profiler is not None:
-        profiler.__exit__(None, None, None)
         shares = profile_shares(profiler.seconds if isinstance(profiler, OperatorTimes) else kernel_times(profiler))
     return {"ms": 1000 * seconds / steps, "tok_s": tokens / seconds, "flop_s": flops / seconds, "memory": peak_memory,
             "attention": attention_for(precision != "fp32", device), "profile": shares}

@@ -186,17 +186,20 @@ def assert_stopped_naming_the_file(result: subprocess.CompletedProcess, reason: 
 
 @pytest.mark.slow
 def test_full_disk_while_saving_names_the_file_and_keeps_earlier_checkpoints(tmp_path):
-    """Output on a 1.2 MB tmpfs: checkpoints 2 and 4 fit, checkpoint-6 does not. The run stops with "no space left on
-    device while writing <file of checkpoint-6>", removes the half-written checkpoint-6, and checkpoints 2 and 4 are
-    unchanged and complete."""
+    """Output on a tmpfs of 2.5 checkpoints (measured on a first run: the checkpoints carry the model's code): 2 and 4
+    fit, checkpoint-6 does not. The run stops with "no space left on device while writing <file of checkpoint-6>",
+    removes the half-written checkpoint-6, and checkpoints 2 and 4 are unchanged and complete."""
+    data = write_fixture(tmp_path / "data", n_train=100)
+    run_from_args(tiny_args(data, tmp_path / "probe", "--max_steps", "2", "--save_steps", "2"))
+    files = [path for path in (tmp_path / "probe" / "checkpoint-2").rglob("*") if path.is_file()]
+    checkpoint = sum(-(-path.stat().st_size // 4096) * 4096 for path in files)  # tmpfs counts whole pages
     mount = tmp_path / "small"
     mount.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mount)], capture_output=True,
-                             text=True)  # fmt: skip
+    size = f"size={checkpoint * 5 // 2 // 1024 + 64}k"  # and 64 kB for the run's tokenizer
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", size, "tmpfs", str(mount)], capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}); the file size limit test covers the path")
     try:
-        data = write_fixture(tmp_path / "data", n_train=100)
         out = mount / "out"
         result = train(tiny_args(data, out, "--max_steps", "10", "--save_steps", "2"))
         line = assert_stopped_naming_the_file(result, "no space left on device", out / "checkpoint-6")

@@ -7,8 +7,10 @@ import shutil
 
 import pytest
 import torch
-from transformers import AutoModelForSeq2SeqLM, GenerationConfig, GenerationMixin
+from transformers import AttentionInterface, AutoModelForSeq2SeqLM, GenerationConfig, GenerationMixin
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
 from vaswani_transformer.generation import PAPER_GENERATION_DEFAULTS
@@ -358,6 +360,31 @@ def test_batched_equals_one_by_one_and_cache_equals_no_cache():
         )
         assert hypotheses(single.sequences) == hypotheses(batched.sequences[row : row + 1])
         torch.testing.assert_close(single.sequences_scores, batched.sequences_scores[row : row + 1])
+
+
+def test_a_sentence_s_beams_read_one_copy_of_its_source_and_match_the_search_over_copies():
+    """The search's cross-attention keys and values come from one row per sentence (its beams share them, through
+    finished sentences leaving the batch); the hypotheses and scores are those of the same search with each beam
+    reading its own copy of the source (as under any attention kernel but eager and sdpa)."""
+    model = tiny_model(1, eos_bias=1.5)
+    inputs = random_sources(7, lengths=(3, 9, 5, 6, 2))
+    results, key_rows = {}, {}
+    AttentionInterface.register("vaswani_test_copied_source", sdpa_attention_forward)
+    AttentionMaskInterface.register("vaswani_test_copied_source", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    for implementation in ("sdpa", "vaswani_test_copied_source"):
+        model.set_attn_implementation(implementation)
+        rows = key_rows[implementation] = []
+        with model.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(
+            lambda module, args, output, rows=rows: rows.append(args[0].shape[0])
+        ):
+            results[implementation] = model.generate(**inputs, max_len_b=8, return_dict_in_generate=True,
+                                                     output_scores=True)  # fmt: skip
+    # The first decoding step computes them (later steps read the cache): 5 sentences, not 5 x 4 beams.
+    assert key_rows["sdpa"][0] == 5 and key_rows["vaswani_test_copied_source"][0] == 5 * 4
+    shared, copied = results.values()
+    assert len({len(h) for h in hypotheses(shared.sequences)}) > 1  # sentences left the batch on the way
+    assert hypotheses(shared.sequences) == hypotheses(copied.sequences)
+    torch.testing.assert_close(shared.sequences_scores, copied.sequences_scores)
 
 
 def test_sentence_dependent_logits_processors_see_their_own_rows():

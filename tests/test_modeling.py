@@ -619,6 +619,63 @@ def test_output_attentions_with_a_kernel_that_returns_no_weights_is_an_error():
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("implementation", ["eager", "sdpa", "vaswani_test_registered_sdpa"])
+def test_a_source_row_serves_its_consecutive_target_rows_as_copies_of_it_would(implementation):
+    """Decoder rows b*G .. b*G+G-1 over encoder row b (a sentence's beams: the paper's search keeps one copy of each
+    source and of its cross-attention keys) give what the same rows give over G copies of the source: logits and
+    attention weights, in a full pass with a padded source and step by step through a cache; under any other
+    registered kernel too (it gets the copies)."""
+    AttentionInterface.register("vaswani_test_registered_sdpa", sdpa_attention_forward)
+    AttentionMaskInterface.register("vaswani_test_registered_sdpa", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model = tiny_model()
+    model.set_attn_implementation(implementation)
+    groups = 3
+    source = random_ids(2, 6)
+    source[0, 4:] = PAD
+    mask = (source != PAD).long()
+    target = random_ids(2 * groups, 5, seed=2)
+    with torch.no_grad():
+        states = model.get_encoder()(input_ids=source, attention_mask=mask).last_hidden_state
+        copies = states.repeat_interleave(groups, 0), mask.repeat_interleave(groups, 0)
+        shared, copied = (
+            model(encoder_outputs=(s,), attention_mask=m, decoder_input_ids=target, output_attentions=True)
+            for s, m in ((states, mask), copies)
+        )
+        torch.testing.assert_close(shared.logits, copied.logits)
+        for name in ("decoder_attentions", "cross_attentions"):
+            for a, b in zip(getattr(shared, name), getattr(copied, name), strict=True):
+                torch.testing.assert_close(a, b)
+        caches = {}
+        for key, (s, m) in {"shared": (states, mask), "copied": copies}.items():
+            caches[key] = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            steps = [
+                model(encoder_outputs=(s,), attention_mask=m, decoder_input_ids=target[:, i : i + 1],
+                      cache=caches[key], use_cache=True).logits
+                for i in range(target.shape[1])
+            ]  # fmt: skip
+            torch.testing.assert_close(torch.cat(steps, 1), copied.logits)
+    # One cross-attention cache row per source, not per target row (eager and sdpa; other kernels get copies).
+    assert caches["shared"].cross_attention_cache.layers[0].keys.shape[0] == (
+        2 if implementation in ("eager", "sdpa") else 2 * groups
+    )
+    assert caches["copied"].cross_attention_cache.layers[0].keys.shape[0] == 2 * groups
+
+
+def test_target_rows_that_are_no_multiple_of_the_sources_and_masks_of_another_shape_are_clear_errors():
+    model = tiny_model()
+    source = random_ids(3, 5)
+    with torch.no_grad():
+        states = model.get_encoder()(input_ids=source).last_hidden_state
+        with pytest.raises(ValueError, match="The decoder has 4 rows and the encoder's output 3: each source row"):
+            model(encoder_outputs=(states,), decoder_input_ids=random_ids(4, 2))
+        with pytest.raises(ValueError, match=r"attention_mask has 6 rows and the encoder's output 3: the source mask"):
+            model(encoder_outputs=(states,), attention_mask=torch.ones(6, 5), decoder_input_ids=random_ids(6, 2))
+        for shape in ((6, 5), (3, 7)):
+            with pytest.raises(ValueError, match=rf"attention_mask has shape \({shape[0]}, {shape[1]}\); the source's "
+                               r"is \(3, 5\)"):
+                model(input_ids=source, attention_mask=torch.ones(shape), decoder_input_ids=random_ids(6, 2))
+
+
 @pytest.mark.parametrize("missing", ["pad_token_id", "decoder_start_token_id"])
 def test_labels_without_the_ids_to_shift_them_are_an_error_naming_them(missing):
     model = tiny_model()

@@ -50,6 +50,10 @@ from transformers.generation.stopping_criteria import (
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
 
+# Attention kernels whose cross-attention lets a source row serve several consecutive target rows (its beams): the
+# model groups their queries (`modeling_vaswani_transformer._grouped_queries`); under others the decoder copies it.
+SHARED_SOURCE_KERNELS = ("eager", "sdpa")
+
 # The paper's decoding (Section 6.1). max_len_a/max_len_b are fairseq's `max_len_a * source length + max_len_b` rule.
 PAPER_GENERATION_DEFAULTS = {
     "num_beams": 4,
@@ -549,6 +553,11 @@ def paper_beam_search(
     use_cache = cache is not None
     encoder_states = model_kwargs["encoder_outputs"].last_hidden_state
     attention_mask = model_kwargs.get("attention_mask")
+    # A sentence's K beams read one copy of its source (and one cross-attention cache row), not K.
+    shared_source = (cache is None or _is_dynamic(cache)) and model.config._attn_implementation in SHARED_SOURCE_KERNELS
+    if shared_source:
+        encoder_states = encoder_states[::K]
+        attention_mask = attention_mask[::K] if attention_mask is not None else None
     decoder_prompt_mask = model_kwargs.get("decoder_attention_mask")
     score_dtype = alive.scores.dtype
     # transformers' rule (as in its `_sample`): a compiled forward for static caches on accelerators or when asked.
@@ -619,11 +628,12 @@ def paper_beam_search(
                 alive.history[kept_rows] if alive.history is not None else None,
             )  # fmt: skip
             cache_rows = cache_rows[kept_rows]
-            encoder_states = encoder_states[kept_rows]
-            attention_mask = attention_mask[kept_rows] if attention_mask is not None else None
+            source_rows = keep.nonzero()[:, 0] if shared_source else kept_rows
+            encoder_states = encoder_states[source_rows]
+            attention_mask = attention_mask[source_rows] if attention_mask is not None else None
             decoder_prompt_mask = decoder_prompt_mask[kept_rows] if decoder_prompt_mask is not None else None
             if cache is not None:
-                cache.cross_attention_cache.reorder_cache(kept_rows)
+                cache.cross_attention_cache.reorder_cache(source_rows)
         if cache is not None:
             _reorder_self_attention(cache, cache_rows)
         this_peer_finished = bool(done.all())

@@ -33,7 +33,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
-from .generation import VaswaniGenerationConfig, VaswaniGenerationMixin, source_padding_mask
+from .generation import SHARED_SOURCE_KERNELS, VaswaniGenerationConfig, VaswaniGenerationMixin, source_padding_mask
 
 
 # 5.4 Dropout ---------------------------------------------------------------------------------------------------------
@@ -482,6 +482,25 @@ def _one_query_faster_eager(query: torch.Tensor, key: torch.Tensor) -> bool:
     )
 
 
+def _grouped_queries(
+    query: torch.Tensor, attention_mask: torch.Tensor | None, groups: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Queries (sources * groups, h, n, d) as (sources, h, groups * n, d), and the sources' mask with them: the
+    target rows of one source attend to its keys and values together, which are then read once, not once a row."""
+    rows, heads, length, dim = query.shape
+    sources = rows // groups
+    query = query.reshape(sources, groups, heads, length, dim).transpose(1, 2).reshape(sources, heads, -1, dim)
+    if attention_mask is not None and attention_mask.shape[-2] > 1:
+        attention_mask = attention_mask.repeat(1, 1, groups, 1)
+    return query, attention_mask
+
+
+def _ungrouped_weights(weights: torch.Tensor, groups: int) -> torch.Tensor:
+    """Attention weights (sources, h, groups * n, keys) back to one row per target: (sources * groups, h, n, keys)."""
+    sources, heads, _, keys = weights.shape
+    return weights.reshape(sources, heads, groups, -1, keys).transpose(1, 2).reshape(sources * groups, heads, -1, keys)
+
+
 class MultiHeadAttention(nn.Module):
     """Section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
 
@@ -540,6 +559,10 @@ class MultiHeadAttention(nn.Module):
                 f"kernels return no weights: they came back empty); this model uses {implementation!r}: load it with "
                 "attn_implementation='eager'."
             )
+        # Target rows per source row (a sentence's beams share its source; the decoder checks the counts).
+        groups = query.shape[0] // key.shape[0] if is_cross_attention else 1
+        if groups > 1:
+            query, attention_mask = _grouped_queries(query, attention_mask, groups)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         output, weights = attention_interface(
             self,
@@ -551,6 +574,8 @@ class MultiHeadAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )
+        if groups > 1 and weights is not None:
+            weights = _ungrouped_weights(weights, groups)
         output = output.reshape(*hidden_states.shape[:-1], self.num_heads * self.d_v)
         return linear(self.o_proj, output), weights
 
@@ -727,8 +752,10 @@ class VaswaniTransformerEncoder(VaswaniTransformerPreTrainedModel):
         if attention_mask is None:
             attention_mask = source_padding_mask(input_ids, self.config)
         # With a padding mask each real token takes the position it has alone, whichever side the padding is on.
-        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-        position_ids = positions_from_mask(attention_mask, length) if _is_padding_mask(attention_mask) else None
+        shape = tuple((input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        if _is_padding_mask(attention_mask) and tuple(attention_mask.shape) != shape:
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; the source's is {shape}.")
+        position_ids = positions_from_mask(attention_mask, shape[1]) if _is_padding_mask(attention_mask) else None
         hidden_states = self.embedding(input_ids, inputs_embeds, position_ids=position_ids)
         attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -739,6 +766,33 @@ class VaswaniTransformerEncoder(VaswaniTransformerPreTrainedModel):
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
         return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+def _sources_per_target_rows(
+    rows: int, encoder_hidden_states: torch.Tensor | None, encoder_attention_mask, kernel: str
+):
+    """The encoder's output and source mask for `rows` decoder rows, G >= 1 per source row (rows b * G ... (b + 1) * G
+    - 1 read source b, as a sentence's beams do): as given for `SHARED_SOURCE_KERNELS`, whose cross-attention reads a
+    source once for its G rows; G copies of each row for other kernels. A ValueError for other counts."""
+    if encoder_hidden_states is None:
+        return encoder_hidden_states, encoder_attention_mask
+    sources = encoder_hidden_states.shape[0]
+    if sources == 0 or rows % sources:
+        raise ValueError(
+            f"The decoder has {rows} rows and the encoder's output {sources}: each source row must serve the same "
+            "number of consecutive target rows (1, or e.g. a sentence's beams)."
+        )
+    if _is_padding_mask(encoder_attention_mask) and encoder_attention_mask.shape[0] != sources:
+        raise ValueError(
+            f"attention_mask has {encoder_attention_mask.shape[0]} rows and the encoder's output {sources}: the "
+            "source mask needs one row per source."
+        )
+    if rows == sources or kernel in SHARED_SOURCE_KERNELS:
+        return encoder_hidden_states, encoder_attention_mask
+    groups = rows // sources
+    if isinstance(encoder_attention_mask, torch.Tensor):
+        encoder_attention_mask = encoder_attention_mask.repeat_interleave(groups, 0)
+    return encoder_hidden_states.repeat_interleave(groups, 0), encoder_attention_mask
 
 
 class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
@@ -781,6 +835,10 @@ class VaswaniTransformerDecoder(VaswaniTransformerPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
         self._check_token_ids(input_ids, "decoder_input_ids")
+        encoder_hidden_states, encoder_attention_mask = _sources_per_target_rows(
+            (input_ids if input_ids is not None else inputs_embeds).shape[0], encoder_hidden_states,
+            encoder_attention_mask, self.config._attn_implementation,
+        )  # fmt: skip
         if self.gradient_checkpointing and self.training:
             cache, use_cache = None, False  # the backward pass replays every layer, which would write a cache twice
         # Weights are returned through the eager path, which needs explicit masks (no is_causal shortcut).

@@ -15,7 +15,9 @@ decode the same batch of random sources (~20 tokens) with beam 4, length penalty
 
 Rows: ours with the paper's beam search (the default `generate`, its linear layers on packed weights on a CPU); the
 same with the packed weights kept from call to call, as `translate_lines` (`vaswani-translate`) keeps them for a run
-(on a CPU); the same with torch's own product in the linear layers (mkldnn off; on a CPU); ours with
+(on a CPU); the same with torch's own product in the linear layers (mkldnn off; on a CPU); the same with a copy of
+each source for each beam, as transformers hands `generate` the encoder's output (ours before 2026-11-28; on a
+CPU); ours with
 `length_penalty_type="transformers"`
 (transformers' loop on our model: must give MarianMT's output exactly); MarianMTModel with transformers' beam
 search, `early_stopping=True` (stop at num_beams finished hypotheses; fewer steps than an exact search) and "never"
@@ -66,6 +68,7 @@ from transformers import AutoTokenizer, CompileConfig, MarianConfig, MarianMTMod
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration, packed_cpu_weights
 from vaswani_transformer.trainer import skip_cudnn_attention
 from vaswani_transformer import modeling_vaswani_transformer as modeling
+from vaswani_transformer.generation import SHARED_SOURCE_KERNELS
 
 
 def sources(batch_size: int, length: int, vocab_size: int, seed: int):
@@ -305,6 +308,9 @@ def main():
             **({"ours, paper beam search, SDPA at every step": lambda **x: sdpa_every_step(
                 ours, ours.generate, **x, **common
             )} if device.type == "cpu" else {}),
+            **({"ours, paper beam search, a source copy per beam": lambda **x: source_copies(
+                ours, ours.generate, **x, **common
+            )} if device.type == "cpu" else {}),
             "ours, transformers' beam search": lambda **x: ours.generate(
                 **x, **common, length_penalty_type="transformers"
             ),
@@ -385,6 +391,7 @@ def sdpa_every_step(model, generate, **kwargs):
 
     AttentionInterface.register("sdpa_every_step", sdpa_attention_forward)
     AttentionMaskInterface.register("sdpa_every_step", sdpa_mask)
+    SHARED_SOURCE_KERNELS.add("sdpa_every_step")  # a sentence's beams still share its source, as in the default row
     before = model.config._attn_implementation
     model.set_attn_implementation("sdpa_every_step")
     try:
@@ -438,6 +445,17 @@ def kernel_rows(model, rows: int) -> list[list]:
             table.append([f"{out_features} x {in_features}{note}", len(same), f"{plain:.3f}", f"{stored:.3f}",
                           f"{fast:.3f}", f"{plain / fast:.2f}x", f"{packing:.2f}"])  # fmt: skip
     return table
+
+
+def source_copies(model, generate, **kwargs):
+    """`generate` with a copy of each source for each beam, as transformers hands it over (and as ours ran before
+    2026-11-28): the model's kernel taken out of `SHARED_SOURCE_KERNELS` for the call."""
+    kernel = model.config._attn_implementation
+    SHARED_SOURCE_KERNELS.discard(kernel)
+    try:
+        return generate(**kwargs)
+    finally:
+        SHARED_SOURCE_KERNELS.add(kernel)
 
 
 def packed_once(copies: dict, generate, **kwargs):

@@ -13,7 +13,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
-from vaswani_transformer.generation import PAPER_GENERATION_DEFAULTS
+from vaswani_transformer.generation import PAPER_GENERATION_DEFAULTS, SHARED_SOURCE_KERNELS
 
 import helpers
 
@@ -364,14 +364,17 @@ def test_batched_equals_one_by_one_and_cache_equals_no_cache():
 
 def test_a_sentence_s_beams_read_one_copy_of_its_source_and_match_the_search_over_copies():
     """The search's cross-attention keys and values come from one row per sentence (its beams share them, through
-    finished sentences leaving the batch); the hypotheses and scores are those of the same search with each beam
-    reading its own copy of the source (as under any attention kernel but eager and sdpa)."""
+    finished sentences leaving the batch) under eager, sdpa and a registered kernel added to `SHARED_SOURCE_KERNELS`;
+    the hypotheses and scores are those of the same search with each beam reading its own copy of the source (as
+    under any other registered kernel)."""
     model = tiny_model(1, eos_bias=1.5)
     inputs = random_sources(7, lengths=(3, 9, 5, 6, 2))
+    for name in ("vaswani_test_copied_source", "vaswani_test_shared_source"):
+        AttentionInterface.register(name, sdpa_attention_forward)
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    SHARED_SOURCE_KERNELS.add("vaswani_test_shared_source")
     results, key_rows = {}, {}
-    AttentionInterface.register("vaswani_test_copied_source", sdpa_attention_forward)
-    AttentionMaskInterface.register("vaswani_test_copied_source", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    for implementation in ("sdpa", "vaswani_test_copied_source"):
+    for implementation in ("eager", "sdpa", "vaswani_test_shared_source", "vaswani_test_copied_source"):
         model.set_attn_implementation(implementation)
         rows = key_rows[implementation] = []
         with model.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(
@@ -380,11 +383,14 @@ def test_a_sentence_s_beams_read_one_copy_of_its_source_and_match_the_search_ove
             results[implementation] = model.generate(**inputs, max_len_b=8, return_dict_in_generate=True,
                                                      output_scores=True)  # fmt: skip
     # The first decoding step computes them (later steps read the cache): 5 sentences, not 5 x 4 beams.
-    assert key_rows["sdpa"][0] == 5 and key_rows["vaswani_test_copied_source"][0] == 5 * 4
-    shared, copied = results.values()
-    assert len({len(h) for h in hypotheses(shared.sequences)}) > 1  # sentences left the batch on the way
-    assert hypotheses(shared.sequences) == hypotheses(copied.sequences)
-    torch.testing.assert_close(shared.sequences_scores, copied.sequences_scores)
+    assert {name: rows[0] for name, rows in key_rows.items()} == {
+        "eager": 5, "sdpa": 5, "vaswani_test_shared_source": 5, "vaswani_test_copied_source": 5 * 4
+    }  # fmt: skip
+    copied = results.pop("vaswani_test_copied_source")
+    assert len({len(h) for h in hypotheses(copied.sequences)}) > 1  # sentences left the batch on the way
+    for shared in results.values():
+        assert hypotheses(shared.sequences) == hypotheses(copied.sequences)
+        torch.testing.assert_close(shared.sequences_scores, copied.sequences_scores)
 
 
 def test_sentence_dependent_logits_processors_see_their_own_rows():

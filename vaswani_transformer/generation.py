@@ -52,7 +52,8 @@ from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
 # Attention kernels whose cross-attention lets a source row serve several consecutive target rows (its beams): the
 # model groups their queries (`modeling_vaswani_transformer._grouped_queries`); under others the decoder copies it.
-SHARED_SOURCE_KERNELS = ("eager", "sdpa")
+# Add the name of a registered kernel that takes any number of queries per row and a mask that broadcasts over them.
+SHARED_SOURCE_KERNELS = {"eager", "sdpa"}
 
 # The paper's decoding (Section 6.1). max_len_a/max_len_b are fairseq's `max_len_a * source length + max_len_b` rule.
 PAPER_GENERATION_DEFAULTS = {

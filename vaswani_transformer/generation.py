@@ -538,9 +538,11 @@ def paper_beam_search(
     `decoder_attentions`, `cross_attentions`, `decoder_hidden_states`; and `encoder_attentions`,
     `encoder_hidden_states`. Rows of sentences already finished hold -inf (scores, logits) or 0. With the key/value
     cache, `cache` holds the returned sequences but their last token (one decoder pass over them), so that decoding
-    can continue from it. Finished sentences leave the batch (their cache rows are dropped), unless `synced_gpus`, a
-    sentence-dependent logits processor or a non-dynamic (e.g. static) cache keeps the batch whole: they then run
-    along without changing their finished hypotheses, their rows of the per-step outputs as if they had left.
+    can continue from it. A sentence's beams share one row of its encoder output and cross-attention cache (under
+    `SHARED_SOURCE_KERNELS`, with a dynamic cache). Finished sentences leave the batch (their cache rows are
+    dropped), unless `synced_gpus`, a sentence-dependent logits processor or a non-dynamic (e.g. static) cache keeps
+    the batch whole: they then run along without changing their finished hypotheses, their rows of the per-step
+    outputs as if they had left.
     """
     search, alive, finished, cache, model_kwargs = _start(
         model, input_ids, logits_processor, stopping_criteria, generation_config,
@@ -623,13 +625,14 @@ def paper_beam_search(
 
         keep = ~done[alive.active]
         if drop_finished and not bool(keep.all()):
-            kept_rows = (keep.nonzero()[:, :1] * K + torch.arange(K, device=device)).reshape(-1)
+            kept = keep.nonzero()[:, 0]  # the sentences that go on
+            kept_rows = (kept[:, None] * K + torch.arange(K, device=device)).reshape(-1)
             alive = _Alive(
                 alive.active[keep], alive.sequences[kept_rows], alive.scores[keep],
                 alive.history[kept_rows] if alive.history is not None else None,
             )  # fmt: skip
             cache_rows = cache_rows[kept_rows]
-            source_rows = keep.nonzero()[:, 0] if shared_source else kept_rows
+            source_rows = kept if shared_source else kept_rows
             encoder_states = encoder_states[source_rows]
             attention_mask = attention_mask[source_rows] if attention_mask is not None else None
             decoder_prompt_mask = decoder_prompt_mask[kept_rows] if decoder_prompt_mask is not None else None

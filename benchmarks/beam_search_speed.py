@@ -451,11 +451,13 @@ def source_copies(model, generate, **kwargs):
     """`generate` with a copy of each source for each beam, as transformers hands it over (and as ours ran before
     2026-11-28): the model's kernel taken out of `SHARED_SOURCE_KERNELS` for the call."""
     kernel = model.config._attn_implementation
+    shared = kernel in SHARED_SOURCE_KERNELS
     SHARED_SOURCE_KERNELS.discard(kernel)
     try:
         return generate(**kwargs)
     finally:
-        SHARED_SOURCE_KERNELS.add(kernel)
+        if shared:
+            SHARED_SOURCE_KERNELS.add(kernel)
 
 
 def packed_once(copies: dict, generate, **kwargs):

@@ -556,8 +556,9 @@ def paper_beam_search(
     use_cache = cache is not None
     encoder_states = model_kwargs["encoder_outputs"].last_hidden_state
     attention_mask = model_kwargs.get("attention_mask")
+    rows_can_change = cache is None or _is_dynamic(cache)  # a static cache's size is fixed in advance
     # A sentence's K beams read one copy of its source (and one cross-attention cache row), not K.
-    shared_source = (cache is None or _is_dynamic(cache)) and model.config._attn_implementation in SHARED_SOURCE_KERNELS
+    shared_source = rows_can_change and model.config._attn_implementation in SHARED_SOURCE_KERNELS
     if shared_source:
         encoder_states = encoder_states[::K]
         attention_mask = attention_mask[::K] if attention_mask is not None else None
@@ -566,9 +567,7 @@ def paper_beam_search(
     # transformers' rule (as in its `_sample`): a compiled forward for static caches on accelerators or when asked.
     compiled = model._valid_auto_compile_criteria({"cache": cache}, generation_config)
     decode_forward = model.get_compiled_call(generation_config.compile_config) if compiled else model.__call__
-    drop_finished = not paper_synced_gpus and _rows_independent(logits_processor, stopping_criteria) and (
-        cache is None or _is_dynamic(cache)
-    )
+    drop_finished = not paper_synced_gpus and _rows_independent(logits_processor, stopping_criteria) and rows_can_change
     record = _StepOutputs(generation_config, total_rows)
 
     bound_valid = True

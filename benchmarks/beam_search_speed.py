@@ -13,9 +13,9 @@ decode the same batch of random sources (~20 tokens) with beam 4, length penalty
 * natural: `--eos-bias` makes </s> likely enough that hypotheses end at various lengths; maximum length source
   length + 50 (ours: per sentence, the paper's rule; transformers': one `max_length`, the longest sentence's).
 
-Rows: ours with the paper's beam search (the default `generate`, its linear layers on packed weights on a CPU); the
-same with the packed weights kept from call to call, as `translate_lines` (`vaswani-translate`) keeps them for a run
-(on a CPU); the same with torch's own product in the linear layers (mkldnn off; on a CPU); the same with a copy of
+Rows: ours with the paper's beam search (the default `generate`, its linear layers on packed weights on a CPU, kept
+from call to call while the weights stay as they are); the same as a first call makes it, packing the weights anew
+(`release_packed_weights` before each call; on a CPU); the same with torch's own product in the linear layers (mkldnn off; on a CPU); the same with a copy of
 each source for each beam, as transformers hands `generate` the encoder's output (ours before 2026-11-28; on a
 CPU); ours with
 `length_penalty_type="transformers"`
@@ -65,7 +65,7 @@ import torch
 from device import add_device_argument, check_device, describe, now
 from transformers import AutoTokenizer, CompileConfig, MarianConfig, MarianMTModel
 
-from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration, packed_cpu_weights
+from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration, release_packed_weights
 from vaswani_transformer.trainer import skip_cudnn_attention
 from vaswani_transformer import modeling_vaswani_transformer as modeling
 from vaswani_transformer.generation import SHARED_SOURCE_KERNELS
@@ -292,15 +292,14 @@ def main():
     units = ["CPU seconds", "sentences/CPU s"] if device.type == "cpu" else ["seconds", "sentences/s"]
     header = ["scenario", "decoder", *units, "vs MarianMT (True)"]
     rows = []
-    packed_copies = {}
     for scenario, settings in scenarios.items():
         common = dict(num_beams=args.num_beams, length_penalty=0.6, **settings)
         # transformers' decoders take one max_length for the batch: the longest sentence's (source length + 50).
         hf_length = {} if "max_new_tokens" in settings else {"max_new_tokens": longest + 50}
         runs = {
             "ours, paper beam search": lambda **x: ours.generate(**x, **common),
-            **({"ours, paper beam search, weights packed once (translate_lines)": lambda **x: packed_once(
-                packed_copies, ours.generate, **x, **common
+            **({"ours, paper beam search, a first call (packing its weights)": lambda **x: first_call(
+                ours, ours.generate, **x, **common
             )} if device.type == "cpu" else {}),
             **({"ours, paper beam search, torch's linear products": lambda **x: plain_products(
                 ours.generate, **x, **common
@@ -460,11 +459,15 @@ def source_copies(model, generate, **kwargs):
             SHARED_SOURCE_KERNELS.add(kernel)
 
 
-def packed_once(copies: dict, generate, **kwargs):
-    """`generate` with the packed weights kept in `copies` from call to call, as `translate_lines` keeps them for a
-    run's batches (`packed_cpu_weights(copies)`): the packing, a few % of one call, is paid once."""
-    with packed_cpu_weights(copies):
+def first_call(model, generate, **kwargs):
+    """`generate` as a model's first call makes it: without the packed weights that earlier calls keep
+    (`packed_cpu_weights`), so it packs them anew; the kept ones are put back after it, for the other rows."""
+    kept = {layer: modeling._KEPT_PACKS[layer] for layer in model.modules() if layer in modeling._KEPT_PACKS}
+    release_packed_weights(model)
+    try:
         return generate(**kwargs)
+    finally:
+        modeling._KEPT_PACKS.update(kept)
 
 
 def plain_products(generate, **kwargs):

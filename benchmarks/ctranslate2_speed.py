@@ -25,7 +25,7 @@ import tempfile
 import warnings
 
 import torch
-from beam_search_speed import marian_with_the_same_weights, packed_once, sources
+from beam_search_speed import first_call, marian_with_the_same_weights, sources
 from device import add_device_argument, check_device, describe, now
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
@@ -102,12 +102,11 @@ def main():
         print("| threads | decoder | seconds | sentences/s | vs MarianMT |\n| --- | --- | --- | --- | --- |")
         for threads in args.threads if device.type == "cpu" else args.threads[:1]:
             torch.set_num_threads(threads)
-            packed_copies = {}
             runs = {
                 "MarianMTModel.generate (transformers' beam search)": lambda: marian.generate(**inputs, **steps),
                 "ours, paper beam search": lambda: ours.generate(**inputs, **steps),
-                **({"ours, paper beam search, weights packed once (translate_lines)": lambda: packed_once(
-                    packed_copies, ours.generate, **inputs, **steps
+                **({"ours, paper beam search, a first call (packing its weights)": lambda: first_call(
+                    ours, ours.generate, **inputs, **steps
                 )} if device.type == "cpu" else {}),
                 "ours, transformers' beam search": lambda: ours.generate(
                     **inputs, **steps, length_penalty_type="transformers"

@@ -992,7 +992,8 @@ def test_one_query_attention_on_a_cpu_is_equation_1_written_out_and_as_close_to_
         assert _sdpa_kernel_calls_and_logits(typed, source[:4], step[:4])[0] == 2 + 2 * 2  # 4 rows x 20 keys
 
 
-def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_fourth_use_until_the_block_ends():
+@onednn
+def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_fourth_use():
     """Inside `packed_cpu_weights`, under no_grad: the first three calls multiply as stored, later ones on one packed
     copy; each equals x W^T + b in float64, for an empty batch, a few rows, a 3-D and a non-contiguous input, in float32 and
     bf16. Outside the block, with autograd on, under autocast, or for a weight under 512 x 512, nothing is packed."""
@@ -1035,6 +1036,71 @@ def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_fou
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             assert all(linear(layer, x).dtype == torch.bfloat16 for _ in range(5))
         assert not _PACKED_WEIGHTS.get()
+
+
+@onednn
+def test_a_packed_weight_is_kept_from_block_to_block_while_w_holds_the_same_bits_and_train_releases_it():
+    """A packed copy outlives its `packed_cpu_weights` block: the next block multiplies on it from the first use, with
+    no packing, and gets x W^T + b in float64. A change to one entry of W that torch does not count (`.data`), a W
+    cast to bf16, or one put back bit for bit are each seen by the next block (packing anew where they changed, from
+    the fourth use). `model.train()` and `release_packed_weights` drop a model's copies (another model's stay), as
+    does the layer's end."""
+    import gc
+
+    from vaswani_transformer import release_packed_weights
+    from vaswani_transformer.modeling_vaswani_transformer import _KEPT_PACKS, _PACKED_WEIGHTS, linear, packed_cpu_weights
+
+    def block(layer, uses=4):
+        """(packings, whether each use ran on a packed copy) over `uses` uses in one block, each checked against
+        x W^T + b in float64."""
+        packed = []
+        w, b = layer.weight.detach().double(), layer.bias.detach().double()
+        with torch.no_grad(), packed_cpu_weights(), torch.profiler.profile() as profile:
+            for _ in range(uses):
+                x = torch.randn(4, 512, dtype=layer.weight.dtype)
+                y = linear(layer, x)
+                packed.append(torch.is_tensor(_PACKED_WEIGHTS.get()[layer]))
+                tolerance = 1e-5 if x.dtype == torch.float32 else 2e-2
+                torch.testing.assert_close(y.double(), x.double() @ w.T + b, rtol=tolerance, atol=tolerance)
+        return sum(e.name == "mkldnn::_reorder_linear_weight" for e in profile.events()), packed
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(512, 1040)  # packed on any CPU
+    assert block(layer) == (1, [False, False, False, True])
+    assert block(layer) == (0, [True] * 4)  # kept, and W as it was
+
+    original = layer.weight.detach().clone()
+    version = layer.weight._version
+    layer.weight.data[7, 300] += 1e-3  # one entry, and torch's version counter does not see it
+    assert layer.weight._version == version
+    assert block(layer) == (1, [False, False, False, True])
+    layer.weight.data.copy_(original)  # back to the bits of before: packed anew for those (the old copy is gone)
+    assert block(layer, 1) == (0, [False]) and block(layer) == (1, [False, False, False, True])
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        layer.bfloat16()
+        assert block(layer) == (1, [False, False, False, True])
+        assert block(layer) == (0, [True] * 4)
+        layer.float()
+
+    model, other = tiny_model(seed=0, d_model=512, d_ff=1024), tiny_model(seed=1, d_model=512, d_ff=1024)
+    for m in (model, other):
+        m.eval()
+        with torch.no_grad(), packed_cpu_weights():
+            for _ in range(4):
+                linear(m.model.decoder.layers[0].feed_forward.w1, torch.randn(4, 512))
+    kept = lambda m: [module for module in m.modules() if module in _KEPT_PACKS]  # noqa: E731
+    assert kept(model) == [model.model.decoder.layers[0].feed_forward.w1] and len(kept(other)) == 1
+    model.train()
+    assert kept(model) == [] and len(kept(other)) == 1
+    release_packed_weights(other)
+    assert kept(other) == []
+
+    block(layer)
+    assert layer in _KEPT_PACKS
+    count = len(_KEPT_PACKS)
+    del layer
+    gc.collect()
+    assert len(_KEPT_PACKS) == count - 1
 
 
 def test_torch_dynamic_quantization_quantizes_every_linear_layer_as_in_marian_and_the_int8_model_translates():

@@ -96,17 +96,23 @@ def test_translate_lines_matches_generate_whatever_the_batching(saved, caplog):
 
 @pytest.mark.skipif(not modeling._HAS_ONEDNN_LINEAR, reason="packed weights need oneDNN's linear product")
 def test_translate_lines_packs_each_weight_once_for_all_batches():
-    # Each generate call packed its own copies: ~90 ms per batch for WMT's base output layer, a few % of a batch.
+    # Each generate call packed its own copies before they were kept from call to call (`packed_cpu_weights`): ~90 ms
+    # per batch for WMT's base output layer, a few % of a batch.
     tokenizer = tiny_tokenizer()
     model = tiny_translation_model(tokenizer, d_model=64, d_ff=8192, init_std=0.3)  # 64 x 8192: packed on any CPU
     packable = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.numel() >= 8192 * 64]
     lines = [line for line in LINES if line.strip()]
     expected = reference(model, tokenizer, lines, limit=10**6, max_len_a=0, max_len_b=6)
+    modeling.release_packed_weights(model)  # as a first call finds it: the reference's calls kept theirs
     with torch.profiler.profile() as profile:
         translated = translate_lines(model, tokenizer, lines, max_tokens=1, max_len_a=0, max_len_b=6)
     packings = sum(event.name == "mkldnn::_reorder_linear_weight" for event in profile.events())
     assert translated == expected and len(set(expected)) > 2 and len(lines) == 5 and len(packable) == 4
     assert 2 <= packings <= len(packable)  # the decoder's two at the first batch, the encoder's at the fourth
+    with torch.profiler.profile() as profile:
+        again = translate_lines(model, tokenizer, lines, max_tokens=1, max_len_a=0, max_len_b=6)
+    assert again == expected  # and a second run packs nothing: the copies are kept while the weights stay
+    assert not any(event.name == "mkldnn::_reorder_linear_weight" for event in profile.events())
 
 
 _TRANSLATE_THEN_PROBE_MALLOC = MALLINFO_PRELUDE + """

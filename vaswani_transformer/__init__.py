@@ -25,6 +25,7 @@ from .modeling_vaswani_transformer import (
     VaswaniTransformerModel,
     VaswaniTransformerPreTrainedModel,
     packed_cpu_weights,
+    release_packed_weights,
     sinusoidal_position_encoding,
 )
 from .hardware import warn_if_emulated
@@ -57,5 +58,6 @@ __all__ = [
     "paper_beam_search",
     "preset_training_arguments",
     "register_translation_pipeline",
+    "release_packed_weights",
     "sinusoidal_position_encoding",
 ]

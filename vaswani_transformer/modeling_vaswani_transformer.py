@@ -15,6 +15,7 @@ transformers and sibling files under the same rule.
 import contextlib
 import contextvars
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -109,25 +110,55 @@ _ONEDNN_FP32_FASTER = (
 )
 _ONEDNN_MIN_ROWS, _ONEDNN_ANY_ROWS_WEIGHTS = 16, 1 << 19
 _PACKED_WEIGHTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("packed_weights", default=None)
+# Each packed layer's last packed copy and a plain copy of the W it was packed from, kept from block to block while the
+# layer lives: a later block multiplies on it from the first use where W holds the same bits (`_same_bits`).
+_KEPT_PACKS: "weakref.WeakKeyDictionary[nn.Linear, tuple[torch.Tensor, torch.Tensor]]" = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
-def packed_cpu_weights(copies: dict | None = None):
+def packed_cpu_weights():
     """Within (each `generate` call): a linear layer used a fourth time (decoding steps) on a CPU, outside autograd,
-    multiplies through oneDNN on a copy of its weight packed then for the rest of the block. The copies go on exit,
-    so none can be stale: fused optimizers and `.data` writes change weights without telling anyone.
-
-    `copies`: a dict (empty at first) that keeps the copies and use counts for the next block given it, so that
-    many `generate` calls pack each weight once (`translate_lines` does, per run); the weights must not change
-    meanwhile. A block inside another uses the outer one's."""
+    multiplies through oneDNN on a copy of its weight packed then. The copy is kept after the block, with a plain copy
+    of the weight: a later block whose W holds the same bits multiplies on it from the first use, and one whose W has
+    changed in any way (fused optimizers and `.data` writes change weights without telling anyone) packs anew.
+    `release_packed_weights` (and `model.train()`) drop them. A block inside another uses the outer one's."""
     if _PACKED_WEIGHTS.get() is not None:
         yield
         return
-    token = _PACKED_WEIGHTS.set({} if copies is None else copies)
+    token = _PACKED_WEIGHTS.set({})
     try:
         yield
     finally:
         _PACKED_WEIGHTS.reset(token)
+
+
+def release_packed_weights(model: nn.Module) -> None:
+    """Drops the packed copies of `model`'s linear layers kept by `packed_cpu_weights` (and the plain copies they
+    are checked against), freeing their memory; the next `generate` packs again."""
+    for module in model.modules():
+        _KEPT_PACKS.pop(module, None)
+
+
+def _same_bits(weight: torch.Tensor, copy: torch.Tensor) -> bool:
+    """Whether `weight` holds exactly `copy`'s bits (shape, dtype and device too), compared as integers: a float
+    comparison would take -0.0 for 0.0 and never a NaN for itself. As 64-bit words where W allows: twice as fast."""
+    if weight.shape != copy.shape or weight.dtype != copy.dtype or weight.device != copy.device:
+        return False
+    weight = weight.detach().contiguous()
+    if weight.numel() * weight.element_size() % 8 == 0 and weight.storage_offset() * weight.element_size() % 8 == 0:
+        return torch.equal(weight.view(-1).view(torch.int64), copy.view(-1).view(torch.int64))
+    return torch.equal(weight.view(-1).view(torch.uint8), copy.view(-1).view(torch.uint8))
+
+
+def _kept_pack(layer: nn.Linear, weight: torch.Tensor) -> torch.Tensor | None:
+    """The packed copy kept for `layer` where its W holds the bits it was packed from; a stale one is dropped."""
+    kept = _KEPT_PACKS.get(layer)
+    if kept is None:
+        return None
+    if _same_bits(weight, kept[0]):
+        return kept[1]
+    _KEPT_PACKS.pop(layer, None)  # (another thread may have dropped it already)
+    return None
 
 
 def _onednn_may_multiply(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -263,9 +294,9 @@ def _product_operands(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
 
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """xW^T + b of an `nn.Linear` layer, `layer(x)`. Where that is the product alone (`_product_operands`), on a CPU:
-    inside `packed_cpu_weights`, from its fourth use on, through oneDNN on a packed copy of W (of at least 512 x 512
-    entries, 512 x 1024 on Intel CPUs): MKL's product on W as stored is 1.1-3x slower on x86, most at the few rows of a
-    beam search step and the largest W. In float32 on AMD (and other non-Intel) AVX-512 CPUs, where MKL takes its AVX2
+    inside `packed_cpu_weights`, from its fourth use on (from the first where an earlier block's copy matches W),
+    through oneDNN on a packed copy of W (of at least 512 x 512 entries, 512 x 1024 on Intel CPUs): MKL's product on W
+    as stored is 1.1-3x slower on x86, most at the few rows of a beam search step and the largest W. In float32 on AMD (and other non-Intel) AVX-512 CPUs, where MKL takes its AVX2
     path, through oneDNN on W as stored otherwise, training's gradients included. The layers stay `nn.Linear`, so
     that torch's dynamic quantization, PEFT, bitsandbytes and hooks find and replace or watch them as in any model."""
     operands = _product_operands(layer)
@@ -274,9 +305,13 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     weight, bias = operands
     packs = _PACKED_WEIGHTS.get()
     if packs is not None and _onednn_packs(x, weight):
-        uses = packs.get(layer, 0)  # the uses so far, until packed
+        uses = packs.get(layer)  # the uses so far in this block, until packed
+        if uses is None:
+            kept = _kept_pack(layer, weight)
+            uses = packs[layer] = 0 if kept is None else kept
         if isinstance(uses, int) and uses + 1 >= _PACK_AT_USE:
             uses = packs[layer] = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+            _KEPT_PACKS[layer] = (weight.detach().clone(memory_format=torch.contiguous_format), uses)
         if not isinstance(uses, int):
             return _onednn_product_bucketed(x, uses, bias)
         packs[layer] = uses + 1
@@ -681,6 +716,13 @@ class VaswaniTransformerPreTrainedModel(PreTrainedModel):
     def __init__(self, config: VaswaniTransformerConfig, *inputs, **kwargs):
         config.check_fields()  # values set after the config was built (from_pretrained's keywords) are checked too
         super().__init__(config, *inputs, **kwargs)
+
+    def train(self, mode: bool = True):
+        """`nn.Module.train`; into training, the packed weights kept for decoding go (`release_packed_weights`): the
+        weights they copy are about to change, and they would hold memory all the while."""
+        if mode and _KEPT_PACKS:
+            release_packed_weights(self)
+        return super().train(mode)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):

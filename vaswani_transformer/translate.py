@@ -42,7 +42,6 @@ from .checkpoints import load_trained_model
 from .data import TokenBatchSampler
 from .generation import config_sets_a_length
 from .hardware import keep_freed_cpu_memory, warn_if_emulated
-from .modeling_vaswani_transformer import packed_cpu_weights
 from .pipeline import source_length_limit, truncate_source
 from .textio import (
     STDIN_NAME,
@@ -248,7 +247,6 @@ def iter_translation_chunks(
     generate_kwargs = {**{k: v for k, v in overrides.items() if v is not None}, **generate_kwargs}
     limit = source_length_limit(model.config, max_source_length)
     model.eval()
-    packed_copies = {}  # each weight packed once for all batches (the model does not change while translating)
     disable = None if show_progress is None else not show_progress  # None: a bar only on a terminal
     with tqdm(total=total, desc="Translating", unit="sent", disable=disable) as bar:
         for chunk in _windows(lines, window, source_name):
@@ -274,7 +272,7 @@ def iter_translation_chunks(
             batches = TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches if indices else []
             for batch in batches:
                 rows = [indices[j] for j in batch]
-                with torch.inference_mode(), packed_cpu_weights(packed_copies):
+                with torch.inference_mode():
                     inputs = tokenizer.pad({"input_ids": [ids_by_line[i] for i in rows]}, return_tensors="pt")
                     inputs = {k: v.to(model.device) for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
                     output = model.generate(**inputs, **generate_kwargs)

@@ -1039,12 +1039,12 @@ def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_fou
 
 
 @onednn
-def test_a_packed_weight_is_kept_from_block_to_block_while_w_holds_the_same_bits_and_train_releases_it():
+def test_a_packed_weight_is_kept_from_block_to_block_while_w_holds_the_same_bits_until_released():
     """A packed copy outlives its `packed_cpu_weights` block: the next block multiplies on it from the first use, with
     no packing, and gets x W^T + b in float64. A change to one entry of W that torch does not count (`.data`), a W
     cast to bf16, or one put back bit for bit are each seen by the next block (packing anew where they changed, from
-    the fourth use). `model.train()` and `release_packed_weights` drop a model's copies (another model's stay), as
-    does the layer's end."""
+    the fourth use). `model.train()`, `model.to(...)` and `release_packed_weights` drop a model's copies (another
+    model's stay), as does the layer's end."""
     import gc
 
     from vaswani_transformer import release_packed_weights
@@ -1083,17 +1083,23 @@ def test_a_packed_weight_is_kept_from_block_to_block_while_w_holds_the_same_bits
         layer.float()
 
     model, other = tiny_model(seed=0, d_model=512, d_ff=1024), tiny_model(seed=1, d_model=512, d_ff=1024)
-    for m in (model, other):
+
+    def pack(m):
         m.eval()
         with torch.no_grad(), packed_cpu_weights():
             for _ in range(4):
                 linear(m.model.decoder.layers[0].feed_forward.w1, torch.randn(4, 512))
+
     kept = lambda m: [module for module in m.modules() if module in _KEPT_PACKS]  # noqa: E731
+    pack(model), pack(other)
     assert kept(model) == [model.model.decoder.layers[0].feed_forward.w1] and len(kept(other)) == 1
     model.train()
     assert kept(model) == [] and len(kept(other)) == 1
     release_packed_weights(other)
     assert kept(other) == []
+    pack(model), pack(other)
+    model.double()  # a move or a cast (`.to`, `.cuda`, `.half`): the copies could serve no more
+    assert kept(model) == [] and len(kept(other)) == 1
 
     block(layer)
     assert layer in _KEPT_PACKS

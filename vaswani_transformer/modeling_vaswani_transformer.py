@@ -724,6 +724,13 @@ class VaswaniTransformerPreTrainedModel(PreTrainedModel):
             release_packed_weights(self)
         return super().train(mode)
 
+    def _apply(self, fn, *args, **kwargs):
+        """`nn.Module._apply` (under `.to()`, `.cuda()`, `.half()`...), after the packed weights kept for decoding go:
+        the weights move or change dtype, so the copies could serve no more."""
+        if _KEPT_PACKS:
+            release_packed_weights(self)
+        return super()._apply(fn, *args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
         """Xavier-uniform linears with zero bias; embeddings N(0, d_model^-0.5) with a zero padding row."""

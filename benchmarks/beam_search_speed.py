@@ -15,13 +15,12 @@ decode the same batch of random sources (~20 tokens) with beam 4, length penalty
 
 Rows: ours with the paper's beam search (the default `generate`, its linear layers on packed weights on a CPU, kept
 from call to call while the weights stay as they are); the same as a first call makes it, packing the weights anew
-(`release_packed_weights` before each call; on a CPU); the same with torch's own product in the linear layers (mkldnn off; on a CPU); the same with a copy of
-each source for each beam, as transformers hands `generate` the encoder's output (ours before 2026-11-28; on a
-CPU); ours with
-`length_penalty_type="transformers"`
-(transformers' loop on our model: must give MarianMT's output exactly); MarianMTModel with transformers' beam
-search, `early_stopping=True` (stop at num_beams finished hypotheses; fewer steps than an exact search) and "never"
-(the exact search, what ours does).
+(`release_packed_weights` before each call; on a CPU); the same with torch's own product in the linear layers
+(mkldnn off; on a CPU); the same with a copy of each source for each beam, as transformers hands `generate` the
+encoder's output (ours before 2026-11-28; on a CPU); ours with `length_penalty_type="transformers"` (transformers'
+loop on our model: must give MarianMT's output exactly); MarianMTModel with transformers' beam search,
+`early_stopping=True` (stop at num_beams finished hypotheses; fewer steps than an exact search) and "never" (the exact
+search, what ours does).
 
 With `--model FOLDER --sources FILE` (one of our trained models, e.g. the Multi30k recipe's `averaged`, and source
 sentences, e.g. test_2016_flickr.en) the weights and sources are real, and "natural" lengths are the model's own

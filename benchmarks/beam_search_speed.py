@@ -64,7 +64,11 @@ import torch
 from device import add_device_argument, check_device, describe, now
 from transformers import AutoTokenizer, CompileConfig, MarianConfig, MarianMTModel
 
-from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration, release_packed_weights
+from vaswani_transformer import (
+    VaswaniTransformerConfig,
+    VaswaniTransformerForConditionalGeneration,
+    release_packed_weights,
+)
 from vaswani_transformer.trainer import skip_cudnn_attention
 from vaswani_transformer import modeling_vaswani_transformer as modeling
 from vaswani_transformer.generation import SHARED_SOURCE_KERNELS

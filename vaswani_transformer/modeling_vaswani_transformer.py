@@ -121,7 +121,8 @@ def packed_cpu_weights():
     multiplies through oneDNN on a copy of its weight packed then. The copy is kept after the block, with a plain copy
     of the weight: a later block whose W holds the same bits multiplies on it from the first use, and one whose W has
     changed in any way (fused optimizers and `.data` writes change weights without telling anyone) packs anew.
-    `release_packed_weights` (and `model.train()`) drop them. A block inside another uses the outer one's."""
+    `release_packed_weights` (and `model.train()`, `model.to(...)`) drop them. A block inside another uses the outer
+    one's."""
     if _PACKED_WEIGHTS.get() is not None:
         yield
         return
@@ -135,6 +136,8 @@ def packed_cpu_weights():
 def release_packed_weights(model: nn.Module) -> None:
     """Drops the packed copies of `model`'s linear layers kept by `packed_cpu_weights` (and the plain copies they
     are checked against), freeing their memory; the next `generate` packs again."""
+    if not _KEPT_PACKS:  # (nothing kept: `train()` and `.to()` call this on every use)
+        return
     for module in model.modules():
         _KEPT_PACKS.pop(module, None)
 
@@ -296,9 +299,10 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """xW^T + b of an `nn.Linear` layer, `layer(x)`. Where that is the product alone (`_product_operands`), on a CPU:
     inside `packed_cpu_weights`, from its fourth use on (from the first where an earlier block's copy matches W),
     through oneDNN on a packed copy of W (of at least 512 x 512 entries, 512 x 1024 on Intel CPUs): MKL's product on W
-    as stored is 1.1-3x slower on x86, most at the few rows of a beam search step and the largest W. In float32 on AMD (and other non-Intel) AVX-512 CPUs, where MKL takes its AVX2
-    path, through oneDNN on W as stored otherwise, training's gradients included. The layers stay `nn.Linear`, so
-    that torch's dynamic quantization, PEFT, bitsandbytes and hooks find and replace or watch them as in any model."""
+    as stored is 1.1-3x slower on x86, most at the few rows of a beam search step and the largest W. In float32 on AMD
+    (and other non-Intel) AVX-512 CPUs, where MKL takes its AVX2 path, through oneDNN on W as stored otherwise,
+    training's gradients included. The layers stay `nn.Linear`, so that torch's dynamic quantization, PEFT,
+    bitsandbytes and hooks find and replace or watch them as in any model."""
     operands = _product_operands(layer)
     if operands is None:
         return layer(x)
@@ -720,15 +724,14 @@ class VaswaniTransformerPreTrainedModel(PreTrainedModel):
     def train(self, mode: bool = True):
         """`nn.Module.train`; into training, the packed weights kept for decoding go (`release_packed_weights`): the
         weights they copy are about to change, and they would hold memory all the while."""
-        if mode and _KEPT_PACKS:
+        if mode:
             release_packed_weights(self)
         return super().train(mode)
 
     def _apply(self, fn, *args, **kwargs):
         """`nn.Module._apply` (under `.to()`, `.cuda()`, `.half()`...), after the packed weights kept for decoding go:
         the weights move or change dtype, so the copies could serve no more."""
-        if _KEPT_PACKS:
-            release_packed_weights(self)
+        release_packed_weights(self)
         return super()._apply(fn, *args, **kwargs)
 
     @torch.no_grad()

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -530,6 +531,14 @@ def _wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: 
         time.sleep(0.05)
 
 
+def _exit_status(process: subprocess.Popen, errors: Path, timeout: float = 120) -> int:
+    """The exit status of a signalled CLI; if it does not end, a failure that shows what it printed."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running {timeout} s after the signal; its stderr:\n{errors.read_text(errors='replace')}")
+
+
 def _popen(*args, stdin=None, stderr=None):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **SINGLE_THREAD_ENV}
     return subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args), "--no-progress"], stdin=stdin,
@@ -554,7 +563,7 @@ def test_cli_streams_stops_on_sigterm_and_resumes(tmp_path, saved):
             process.stdin.write((lines[4] + "\n").encode("utf-8"))  # half of the third window
             process.stdin.flush()
             process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=120) == 143
+            assert _exit_status(process, errors) == 143
         finally:
             process.kill()
     message = errors.read_text(encoding="utf-8")
@@ -574,6 +583,56 @@ def test_cli_streams_stops_on_sigterm_and_resumes(tmp_path, saved):
     assert output.read_text(encoding="utf-8").split("\n") == expected + [""]
 
 
+class _StdinThatSignalsInAFinalizer:
+    """A text stdin that, before handing out line `at`, delivers `signum` while Python runs a finalizer: there the
+    handler's exception is only printed ("Exception ignored in"), as when a signal lands in a generator's cleanup."""
+
+    def __init__(self, lines: list[str], at: int, signum: int):
+        self.lines, self.at, self.signum, self.swallowed = lines, at, signum, []
+
+    def _deliver(self):
+        try:
+            signal.raise_signal(self.signum)  # the Python handler runs here, inside the finalizer
+        except BaseException as stop:
+            self.swallowed.append(stop)
+            raise
+
+    def __iter__(self):
+        for number, line in enumerate(self.lines):
+            if number == self.at:
+                dies = type("Dies", (), {})()
+                weakref.finalize(dies, self._deliver)
+                del dies  # the finalizer runs now
+            yield line + "\n"
+
+
+def test_a_stop_signal_whose_exception_python_swallows_still_stops_the_cli(tmp_path, saved, monkeypatch, capsys):
+    # CI once hung: the SIGTERM came while a finalizer ran, Python printed the handler's exception and went on, and
+    # the CLI then waited on stdin (still open) forever. The stop must still take effect, at the next line it reads.
+    folder, model, tokenizer = saved
+    lines = SOURCES[:6]
+    stdin = _StdinThatSignalsInAFinalizer(lines, at=3, signum=signal.SIGTERM)
+    monkeypatch.setattr(sys, "stdin", stdin)
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)  # Python's own: it prints to stderr
+    output = tmp_path / "hyp.txt"
+    before = signal.getsignal(signal.SIGTERM)
+    status = main(["--model", str(folder), "--output", str(output), "--window", "2", "--max_tokens", "24",
+                   "--no-progress"])  # fmt: skip
+    errors = capsys.readouterr().err
+    assert len(stdin.swallowed) == 1 and type(stdin.swallowed[0]).__name__ == "TranslationInterrupted"
+    assert status == 143, errors
+    # the window holding line 4 was read whole, so it is translated and written before the stop takes effect
+    assert errors.strip().splitlines()[-1] == f"interrupted: 4 lines written to {output} (resume with --resume)"
+    assert "Exception ignored" not in errors and "Traceback" not in errors, errors
+    expected = translate_lines(model, tokenizer, lines, window=2, max_tokens=24)[:4]
+    assert output.read_text(encoding="utf-8").split("\n") == [one_line(t) for t in expected] + [""]
+    assert signal.getsignal(signal.SIGTERM) is before
+    # a stop does not outlive its run: the next one translates everything
+    monkeypatch.setattr(sys, "stdin", _StdinThatSignalsInAFinalizer(lines, at=len(lines), signum=signal.SIGTERM))
+    assert main(["--model", str(folder), "--output", str(output), "--window", "2", "--no-progress"]) == 0
+    assert output.read_text(encoding="utf-8").count("\n") == len(lines)
+
+
 @pytest.mark.slow
 def test_cli_sigint_while_translating_keeps_every_finished_line(tmp_path, saved):
     folder, model, tokenizer = saved
@@ -585,7 +644,7 @@ def test_cli_sigint_while_translating_keeps_every_finished_line(tmp_path, saved)
         try:
             _wait_for_lines(output, 3, process)
             process.send_signal(signal.SIGINT)
-            assert process.wait(timeout=120) == 130
+            assert _exit_status(process, errors) == 130
         finally:
             process.kill()
     message = errors.read_text(encoding="utf-8")

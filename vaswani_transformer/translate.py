@@ -457,9 +457,11 @@ def translate_file(
 
     def counted(lines: Iterable[str]) -> Iterator[str]:
         nonlocal read
+        _stop_if_signalled()
         for line in lines:
             read += 1
             yield line
+            _stop_if_signalled()  # before reading on: a stdin left open would never end the run
 
     lines = counted(iter_lines(input_path))
     skipped = sum(1 for _ in itertools.islice(lines, skip))
@@ -482,6 +484,7 @@ def translate_file(
         for chunk in iter_translation_chunks(model, tokenizer, lines, total=todo, source_name=name,
                                              first_line=skip + 1, **kwargs):  # fmt: skip
             writer.write(chunk)
+            _stop_if_signalled()
     except KeyboardInterrupt as stop:
         writer.close()
         written = count_lines(output_path) if not is_stdio(output_path) else writer.lines
@@ -618,10 +621,34 @@ def check_input_output(input_path: str, output_path: str, resume: bool = False) 
     return None
 
 
+# The signal `main`'s handler received, checked by `translate_file` before each line it reads and after each write:
+# a handler's exception raised while Python runs a finalizer (a generator's cleanup, a weakref callback) is only
+# printed, and the run would go on, and wait on an open stdin for good.
+_stop_signal: int | None = None
+
+
 def _stop_on_signal(signum, frame):
     """SIGINT/SIGTERM handler of `main`: stop where the program is (a second signal ends it at once)."""
+    global _stop_signal
     signal.signal(signum, signal.SIG_DFL)
+    _stop_signal = signum
     raise TranslationInterrupted(signum)
+
+
+def _stop_if_signalled() -> None:
+    """Raise the stop `main`'s handler asked for, if an exception of its did not get through (`_stop_signal`)."""
+    if _stop_signal is not None:
+        raise TranslationInterrupted(_stop_signal)
+
+
+def _quiet_swallowed_stop(previous_hook):
+    """A sys.unraisablehook for `main`: a stop swallowed in a finalizer is no error (`_stop_signal` carries it)."""
+
+    def hook(unraisable):
+        if not isinstance(unraisable.exc_value, TranslationInterrupted):
+            previous_hook(unraisable)
+
+    return hook
 
 
 def main(argv=None) -> int:
@@ -642,8 +669,10 @@ def main(argv=None) -> int:
             return 1
     names = ("max_tokens", "max_source_length", "window")
     options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    global _stop_signal
     handled = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]  # nohup
     previous = {s: signal.signal(s, _stop_on_signal) for s in handled}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_swallowed_stop(sys.unraisablehook)
     try:
         if args.engine == "ctranslate2":
             from .ctranslate2_export import translate_file_ctranslate2  # optional dependency: ctranslate2
@@ -673,6 +702,7 @@ def main(argv=None) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        sys.unraisablehook, _stop_signal = previous_hook, None
     return 0
 
 

@@ -532,15 +532,19 @@ def _wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: 
 
 
 def _exit_status(process: subprocess.Popen, errors: Path, timeout: float = 120) -> int:
-    """The exit status of a signalled CLI; if it does not end, a failure that shows what it printed."""
+    """The exit status of a signalled CLI; if it does not end, a failure showing its stderr and where each of its
+    threads stood (SIGABRT makes the faulthandler `_popen` turns on print their Python stacks)."""
     try:
         return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
         pytest.fail(f"still running {timeout} s after the signal; its stderr:\n{errors.read_text(errors='replace')}")
 
 
 def _popen(*args, stdin=None, stderr=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **SINGLE_THREAD_ENV}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONFAULTHANDLER": "1", **SINGLE_THREAD_ENV}
     return subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args), "--no-progress"], stdin=stdin,
                             stdout=subprocess.DEVNULL, stderr=stderr, env=env)  # fmt: skip
 

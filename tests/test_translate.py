@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -635,6 +636,70 @@ def test_a_stop_signal_whose_exception_python_swallows_still_stops_the_cli(tmp_p
     monkeypatch.setattr(sys, "stdin", _StdinThatSignalsInAFinalizer(lines, at=len(lines), signum=signal.SIGTERM))
     assert main(["--model", str(folder), "--output", str(output), "--window", "2", "--no-progress"]) == 0
     assert output.read_text(encoding="utf-8").count("\n") == len(lines)
+
+
+def _sleeping(thread_id: int) -> bool:
+    with open(f"/proc/self/task/{thread_id}/stat", encoding="ascii") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+@pytest.mark.skipif(not (hasattr(signal, "pthread_sigmask") and os.path.exists("/proc/self/task")),
+                    reason="per-thread signal masks and /proc (Linux)")  # fmt: skip
+def test_a_stop_signal_that_another_thread_receives_still_ends_a_cli_waiting_on_stdin(tmp_path, saved, monkeypatch,
+                                                                                      capsys):  # fmt: skip
+    # The kernel hands a process's signal to any thread that does not block it, and Python runs the handler only when
+    # the main thread next runs bytecode: one waiting on stdin would wait on. The same happens when the signal comes
+    # just before a read begins (probably what hung CI once). Here the main thread blocks SIGTERM, so another
+    # thread gets it for certain while the CLI waits for the rest of its third window.
+    folder, model, tokenizer = saved
+    lines = SOURCES[:5]
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr(sys, "stdin", open(read_end, encoding="utf-8"))
+    os.write(write_end, "".join(line + "\n" for line in lines).encode("utf-8"))  # two windows and a half
+    output = tmp_path / "hyp.txt"
+    main_thread, unblocked = threading.get_native_id(), threading.Event()
+
+    def send_sigterm_once_the_cli_waits():
+        while not (output.exists() and output.read_bytes().count(b"\n") == 4):
+            time.sleep(0.01)
+        asleep = time.monotonic()
+        while time.monotonic() - asleep < 0.3:  # in its read of line 6
+            if not _sleeping(main_thread):
+                asleep = time.monotonic()
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def unblock_after_a_while():  # without the fix the CLI would wait for good: end its input instead
+        if not stop_waiting.wait(60):
+            unblocked.set()
+            os.close(write_end)
+
+    nudge_handler, wakeup_fd = signal.getsignal(signal.SIGURG), signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup_fd)
+    stop_waiting = threading.Event()
+    threads = [threading.Thread(target=send_sigterm_once_the_cli_waits), threading.Thread(target=unblock_after_a_while)]
+    for thread in threads:
+        thread.start()  # before the mask: they take SIGTERM
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        status = main(["--model", str(folder), "--output", str(output), "--window", "2", "--max_tokens", "24",
+                       "--no-progress"])  # fmt: skip
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        stop_waiting.set()
+        for thread in threads:
+            thread.join()
+        if not unblocked.is_set():
+            os.close(write_end)
+    errors = capsys.readouterr().err
+    assert not unblocked.is_set(), "the CLI went on waiting on stdin after SIGTERM"
+    assert status == 143, errors
+    # what main set up for the time of the run is undone: its helper thread, SIGURG's handler, the wake-up fd
+    assert "translate-stop-signals" not in [thread.name for thread in threading.enumerate()]
+    assert signal.getsignal(signal.SIGURG) is nudge_handler and signal.set_wakeup_fd(wakeup_fd) == wakeup_fd
+    assert errors.strip().splitlines()[-1] == f"interrupted: 4 lines written to {output} (resume with --resume)"
+    expected = translate_lines(model, tokenizer, lines, window=2, max_tokens=24)[:4]
+    assert output.read_text(encoding="utf-8").split("\n") == [one_line(t) for t in expected] + [""]
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -651,6 +652,61 @@ def _quiet_swallowed_stop(previous_hook):
     return hook
 
 
+def _interrupt_only(signum, frame):
+    """The handler of `_StopSignals`'s nudge: none; the signal only ends the main thread's blocking call."""
+
+
+class _StopSignals:
+    """`main`'s SIGINT/SIGTERM handling while it runs: `_stop_on_signal`, and the guards that make its stop happen.
+
+    Python runs a handler only when the main thread next runs bytecode. A main thread blocked in a read (stdin) or a
+    write (a pipe) that began just after the signal came, or while another thread took it, would wait for good: a
+    helper thread wakes up with every signal (`signal.set_wakeup_fd`) and interrupts the main thread's call with
+    SIGURG (handled by nothing) until the handler has run. A stop raised inside a finalizer stays in `_stop_signal`,
+    without a printed traceback (`_quiet_swallowed_stop`)."""
+
+    def __enter__(self) -> "_StopSignals":
+        global _stop_signal
+        _stop_signal = None
+        handled = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]  # nohup
+        self.previous = {s: signal.signal(s, _stop_on_signal) for s in handled}
+        self.previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_swallowed_stop(sys.unraisablehook)
+        self.helper = None
+        if handled and hasattr(signal, "pthread_kill") and hasattr(signal, "SIGURG"):  # POSIX
+            self.read_end, self.write_end = os.pipe()
+            os.set_blocking(self.write_end, False)  # set_wakeup_fd's rule
+            self.previous_wakeup_fd = signal.set_wakeup_fd(self.write_end, warn_on_full_buffer=False)
+            self.previous_nudge = signal.signal(signal.SIGURG, _interrupt_only)
+            self.ended = threading.Event()
+            self.helper = threading.Thread(target=self._nudge_until_handled, args=(threading.get_ident(), handled),
+                                           name="translate-stop-signals", daemon=True)  # fmt: skip
+            self.helper.start()
+        return self
+
+    def _nudge_until_handled(self, main_thread: int, handled: list[int]) -> None:
+        """The helper thread: after each stop signal, SIGURG to the main thread every 50 ms until the handler ran."""
+        while not self.ended.is_set():
+            received = os.read(self.read_end, 64)  # a byte per signal: its number
+            if any(number in handled for number in received):
+                while _stop_signal is None and not self.ended.is_set():
+                    signal.pthread_kill(main_thread, signal.SIGURG)
+                    self.ended.wait(0.05)
+
+    def __exit__(self, *exc) -> None:
+        global _stop_signal
+        if self.helper is not None:
+            signal.set_wakeup_fd(self.previous_wakeup_fd)
+            self.ended.set()
+            os.write(self.write_end, b"\0")
+            self.helper.join()
+            os.close(self.read_end)
+            os.close(self.write_end)
+            signal.signal(signal.SIGURG, self.previous_nudge)
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        sys.unraisablehook, _stop_signal = self.previous_hook, None
+
+
 def main(argv=None) -> int:
     """`vaswani-translate` / `scripts/translate.py`: exit status 0; 1 with an error line for bad input; 130/143 with
     the line "interrupted: N of M lines written to <path> (resume with --resume)" after SIGINT/SIGTERM."""
@@ -669,10 +725,12 @@ def main(argv=None) -> int:
             return 1
     names = ("max_tokens", "max_source_length", "window")
     options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    global _stop_signal
-    handled = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]  # nohup
-    previous = {s: signal.signal(s, _stop_on_signal) for s in handled}
-    previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_swallowed_stop(sys.unraisablehook)
+    with _StopSignals():
+        return _run(args, options)
+
+
+def _run(args: argparse.Namespace, options: dict) -> int:
+    """`main` once the arguments are checked, with its stop signals handled."""
     try:
         if args.engine == "ctranslate2":
             from .ctranslate2_export import translate_file_ctranslate2  # optional dependency: ctranslate2
@@ -699,10 +757,6 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        sys.unraisablehook, _stop_signal = previous_hook, None
     return 0
 
 

@@ -302,7 +302,7 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, saved, capsys):
     assert main(["--model_name_or_path", str(folder), "--input", str(source), "--resume"]) == 1
     assert "error: --resume needs --output FILE" in capsys.readouterr().err
     # CTranslate2 computes in the type it was exported in: options only our engine honours are refused, not ignored
-    for extra in (["--dtype", "bf16"], ["--window", "10"], ["--resume", "--output", str(output)]):
+    for extra in (["--dtype", "bf16"], ["--revision", "main"], ["--trust_remote_code"]):
         assert main(["--model_name_or_path", str(folder), "--input", str(source), "--engine", "ctranslate2", *extra]) == 1
         assert f"error: {extra[0]} need --engine transformers" in capsys.readouterr().err
     # Batch sizes below 1, for either engine, are refused when the command line is read, naming the option
@@ -379,6 +379,33 @@ def test_resume_refuses_an_output_begun_by_another_model_or_options(tmp_path, sa
                        max_len_b=model.generation_config.max_len_b)  # fmt: skip
     assert "(decoding.num_beams: 2 then, 3 now; length_rule_given: False then, True now)" in str(refusal.value)
     model.generation_config.max_new_tokens = None
+
+
+def test_resume_with_ctranslate2_refuses_an_output_begun_by_another_run(tmp_path, saved, request, capsys):
+    """`--engine ctranslate2` records its run beside the output as our engine does: a resume with other decoding
+    options, or with the other engine, is refused naming what changed; the same run resumes to the whole output."""
+    from vaswani_transformer.ctranslate2_export import decoding_options, load_translator, translate_lines_ctranslate2
+
+    folder = saved[0]
+    exported = request.getfixturevalue("exported")
+    source, output, record = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "out.txt.translate.json"
+    source.write_bytes(("\n".join(LINES[:3]) + "\n").encode() + b"\xff\n")
+    argv = ["--engine", "ctranslate2", "--model", str(exported), "-i", str(source), "-o", str(output), "--window", "1"]
+    assert main(argv) == 1 and "UTF-8" in capsys.readouterr().err  # a run that stops part-way, on line 4
+    assert len(output.read_text(encoding="utf-8").splitlines()) == 3 and record.exists()
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")  # the input mended
+    begun = output.read_bytes(), record.read_bytes()
+    for other, changed in (
+        (["--num_beams", "2"], "decoding.num_beams: 4 then, 2 now"),
+        (["--engine", "transformers", "--model", str(folder)], "engine: 'ctranslate2' then, 'transformers' now"),
+    ):
+        assert main([*argv, "--resume", *other]) == 1
+        assert changed in capsys.readouterr().err
+        assert (output.read_bytes(), record.read_bytes()) == begun
+    assert main([*argv, "--resume", "--window", "4"]) == 0 and not record.exists()
+    translator, tokenizer, defaults = load_translator(str(exported))
+    expected = translate_lines_ctranslate2(translator, tokenizer, LINES, **decoding_options(defaults))
+    assert output.read_text(encoding="utf-8").split("\n") == [one_line(t) for t in expected] + [""]
 
 
 def test_int8_quantization_of_every_linear_layer_translates_is_recorded_for_resume_and_refuses_what_it_cannot(
@@ -550,14 +577,42 @@ def _popen(*args, stdin=None, stderr=None):
                             stdout=subprocess.DEVNULL, stderr=stderr, env=env)  # fmt: skip
 
 
-@pytest.mark.slow
-def test_cli_streams_stops_on_sigterm_and_resumes(tmp_path, saved):
+@pytest.fixture(scope="module")
+def exported(saved, tmp_path_factory):
+    """The `saved` model as a float32 CTranslate2 folder (`translate --engine ctranslate2`)."""
+    pytest.importorskip("ctranslate2")
+    from vaswani_transformer.ctranslate2_export import export_ctranslate2
+
+    folder = tmp_path_factory.mktemp("ct2") / "float32"
+    export_ctranslate2(str(saved[0]), str(folder))
+    return folder
+
+
+def _engine(name: str, saved, request):
+    """(model folder, translate(lines) -> list of translations) of `vaswani-translate --engine name`, the translations
+    from the engine's library function over all lines at once."""
     folder, model, tokenizer = saved
+    if name == "transformers":
+        return folder, lambda lines: translate_lines(model, tokenizer, lines, window=None, max_tokens=24)
+    from vaswani_transformer.ctranslate2_export import decoding_options, load_translator, translate_lines_ctranslate2
+
+    folder = request.getfixturevalue("exported")
+    translator, tokenizer, defaults = load_translator(str(folder))
+    return folder, lambda lines: translate_lines_ctranslate2(translator, tokenizer, lines, max_tokens=24,
+                                                             **decoding_options(defaults))  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["transformers", "ctranslate2"])
+def test_cli_streams_stops_on_sigterm_and_resumes(tmp_path, saved, engine, request):
+    # --engine ctranslate2 read all its input before translating any of it, so an interrupted run wrote nothing, and
+    # it refused --window and --resume: both engines now stream through the same code.
+    folder, translate = _engine(engine, saved, request)
     lines = SOURCES + SOURCES[::-1][:4]  # 10 lines, windows of 2
-    expected = [one_line(t) for t in translate_lines(model, tokenizer, lines, window=2, max_tokens=24)]
+    expected = [one_line(t) for t in translate(lines)]
     output, errors = tmp_path / "out" / "hyp.txt", tmp_path / "stderr.txt"
     with open(errors, "wb") as stderr:
-        process = _popen("--model", folder, "--output", output, "--window", 2, "--max_tokens", 24,
+        process = _popen("--engine", engine, "--model", folder, "--output", output, "--window", 2, "--max_tokens", 24,
                          stdin=subprocess.PIPE, stderr=stderr)  # fmt: skip
         try:
             # stdin stays open: each window's translations must be written before the next window is even sent
@@ -580,8 +635,8 @@ def test_cli_streams_stops_on_sigterm_and_resumes(tmp_path, saved):
         f.write("Ein halb".encode("utf-8"))  # what a run killed in the middle of a write could leave
     source = tmp_path / "in.txt"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    resumed = run_cli("--model", folder, "--input", source, "--output", output, "--window", 2, "--max_tokens", 24,
-                      "--resume")  # fmt: skip
+    resumed = run_cli("--engine", engine, "--model", folder, "--input", source, "--output", output, "--window", 2,
+                      "--max_tokens", 24, "--resume")  # fmt: skip
     message = resumed.stderr.decode()
     assert resumed.returncode == 0, message
     assert "dropped the partial last line" in message and "translating from line 5" in message

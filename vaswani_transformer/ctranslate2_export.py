@@ -17,18 +17,24 @@ import logging
 import os
 import platform
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from . import cli
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
-from .data import TokenBatchSampler
 from .generation import TRANSFORMERS_DEFAULT_MAX_LENGTH, config_sets_a_length
 from .modeling_vaswani_transformer import VaswaniTransformerForConditionalGeneration, cpuinfo_field
 from .pipeline import source_length_limit
-from .textio import read_lines, write_lines
+from .translate import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_WINDOW,
+    decoding_options_given,
+    recorded_input,
+    stream_translations,
+    translation_chunks,
+)
 
 
 try:  # an optional dependency: `pip install vaswani-transformer[ctranslate2]`
@@ -377,11 +383,41 @@ def translate_tokens(
     return hypotheses
 
 
+def iter_translation_chunks_ctranslate2(
+    translator,
+    tokenizer,
+    lines: Iterable[str],
+    *,
+    num_beams: int = 4,
+    length_penalty: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    max_source_length: int | None = None,
+    max_positions: int | None = None,
+    **batching,
+) -> Iterator[list[str]]:
+    """`translate.translation_chunks` with CTranslate2 as the engine (`translate_tokens`): the translations of `lines`
+    in input order, in lists, as each token batch finishes. `batching`: window, max_tokens, strict, show_progress,
+    total, source_name, first_line."""
+    max_source_length = source_length_limit(None, max_source_length)  # at least 1, as our engine's (no config)
+    if max_positions is not None:
+        max_source_length = min(max_source_length if max_source_length is not None else max_positions, max_positions)
+
+    def translate_batch(sources: list[list[int]]) -> list[str]:
+        hypotheses = translate_tokens(translator, [tokenizer.convert_ids_to_tokens(ids) for ids in sources],
+                                      num_beams, length_penalty, max_len_a, max_len_b, eos_token=tokenizer.eos_token,
+                                      max_positions=max_positions)  # fmt: skip
+        ids = [tokenizer.convert_tokens_to_ids(hyps[0]) for hyps in hypotheses]
+        return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    yield from translation_chunks(translate_batch, tokenizer, lines, limit=max_source_length, **batching)
+
+
 def translate_lines_ctranslate2(
     translator,
     tokenizer,
     lines: Iterable[str],
-    max_tokens: int = 4096,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
     num_beams: int = 4,
     length_penalty: float = 0.6,
     max_len_a: float = 1.0,
@@ -390,35 +426,21 @@ def translate_lines_ctranslate2(
     strict: bool = False,
     source_name: str = "line",
     max_positions: int | None = None,
+    window: int | None = DEFAULT_WINDOW,
+    show_progress: bool | None = None,
 ) -> list[str]:
     """One translation per line, as `translate.translate_lines` does with our model: an empty or whitespace-only line
-    gives "", batches of at most `max_tokens` source tokens (padding included), longer sources cut to
-    `max_source_length` tokens (keeping `</s>`) with a warning naming the line, or refused with `strict`.
-    `max_positions` (`load_translator`'s defaults) is the export's position table: a lower source limit, and the
-    most tokens decoding may generate (as learned positions limit our own `translate_lines`)."""
-    max_source_length = source_length_limit(None, max_source_length)  # at least 1, as our engine's (no config)
-    if max_positions is not None:
-        max_source_length = min(max_source_length if max_source_length is not None else max_positions, max_positions)
+    gives "", windows of `window` lines sorted into batches of at most `max_tokens` source tokens (padding included),
+    longer sources cut to `max_source_length` tokens (keeping `</s>`) with a warning naming the line, or refused with
+    `strict`. `max_positions` (`load_translator`'s defaults) is the export's position table: a lower source limit,
+    and the most tokens decoding may generate (as learned positions limit our own `translate_lines`)."""
     lines = list(lines)
-    outputs = [""] * len(lines)
-    todo = [i for i, line in enumerate(lines) if line.strip()]
-    encoded = tokenizer([lines[i] for i in todo]).input_ids if todo else []
-    for k, (i, ids) in enumerate(zip(todo, encoded)):
-        if max_source_length is not None and len(ids) > max_source_length:
-            if strict:
-                raise ValueError(f"{source_name}:{i + 1}: the source has {len(ids)} tokens, more than the limit of "
-                                 f"{max_source_length} (strict mode: not translated).")  # fmt: skip
-            logger.warning("%s:%d: the source has %d tokens, more than the limit of %d; translating its first %d.",
-                           source_name, i + 1, len(ids), max_source_length, max_source_length)  # fmt: skip
-            encoded[k] = ids[: max_source_length - 1] + [tokenizer.eos_token_id]
-    lengths = [min(len(ids), max_tokens) for ids in encoded]  # longer ones end up alone in a batch
-    for batch in TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches:
-        sources = [tokenizer.convert_ids_to_tokens(encoded[j]) for j in batch]
-        hypotheses = translate_tokens(translator, sources, num_beams, length_penalty, max_len_a, max_len_b,
-                                      eos_token=tokenizer.eos_token, max_positions=max_positions)  # fmt: skip
-        for j, hyps in zip(batch, hypotheses):
-            outputs[todo[j]] = tokenizer.decode(tokenizer.convert_tokens_to_ids(hyps[0]), skip_special_tokens=True)
-    return outputs
+    chunks = iter_translation_chunks_ctranslate2(
+        translator, tokenizer, lines, num_beams=num_beams, length_penalty=length_penalty, max_len_a=max_len_a,
+        max_len_b=max_len_b, max_source_length=max_source_length, max_positions=max_positions, window=window,
+        max_tokens=max_tokens, strict=strict, show_progress=show_progress, total=len(lines), source_name=source_name,
+    )  # fmt: skip
+    return [text for chunk in chunks for text in chunk]
 
 
 def length_rule(defaults: dict, max_len_a: float | None = None, max_len_b: float | None = None) -> tuple:
@@ -453,15 +475,27 @@ def translate_file_ctranslate2(
     input_path: str | None = None,
     output_path: str | None = None,
     device: str | None = None,
+    *,
+    resume: bool = False,
     **kwargs,
 ) -> int:
-    """`translate --engine ctranslate2`: translate a file (or stdin) line for line with an exported folder; decoding
-    defaults from the folder's generation config; returns the number of lines written (= read)."""
+    """`translate --engine ctranslate2`: `translate.translate_file` with an exported folder, streaming in windows,
+    `resume` included (its run record names the folder, its compute type and the decoding); decoding defaults from
+    the folder's generation config; returns the number of lines written (= read)."""
     translator, tokenizer, defaults = load_translator(model_dir, device=device or "cpu")
     kwargs = decoding_options(defaults, **kwargs)
-    lines, name = read_lines(input_path)
-    translations = translate_lines_ctranslate2(translator, tokenizer, lines, source_name=name, **kwargs)
-    return write_lines(translations, output_path)
+    record = {
+        "engine": "ctranslate2",
+        "model": os.path.abspath(model_dir),
+        "compute_type": translator.compute_type,
+        "input": recorded_input(input_path),
+        "decoding": decoding_options_given(kwargs),
+    }
+
+    def chunks(lines: Iterable[str], **where) -> Iterator[list[str]]:
+        return iter_translation_chunks_ctranslate2(translator, tokenizer, lines, **where, **kwargs)
+
+    return stream_translations(chunks, json.loads(json.dumps(record)), input_path, output_path, resume=resume)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -493,6 +527,7 @@ __all__ = [
     "VaswaniTransformerConverter",
     "decoding_options",
     "export_ctranslate2",
+    "iter_translation_chunks_ctranslate2",
     "load_translator",
     "translate_file_ctranslate2",
     "translate_lines_ctranslate2",

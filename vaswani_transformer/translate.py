@@ -2,7 +2,8 @@
 
 `translate_lines(model, tokenizer, lines, ...)` is the library function behind `vaswani_transformer.evaluation` (its
 `translate_fn`); `translate_file` (behind `vaswani-translate`: `main`, also `scripts/translate.py`) streams a file.
-Both go through `iter_translations`, which yields exactly one translation per line, in order:
+Both go through `iter_translations`, which yields exactly one translation per line, in order (its engine-independent
+part, `translation_chunks`, also serves `--engine ctranslate2`):
 
 - The input is read `window` lines at a time (DEFAULT_WINDOW); a window is sorted by length into batches and its
   translations come out in input order as soon as they are done, so memory is flat in the input size and a run
@@ -30,7 +31,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -218,36 +219,29 @@ def _windows(lines: Iterable[str], window: int | None, source_name: str) -> Iter
             return
 
 
-def iter_translation_chunks(
-    model,
+def translation_chunks(
+    translate_batch: Callable[[list[list[int]]], list[str]],
     tokenizer,
     lines: Iterable[str],
     *,
+    limit: int | None,
     window: int | None = DEFAULT_WINDOW,
     max_tokens: int = DEFAULT_MAX_TOKENS,
-    num_beams: int | None = None,
-    length_penalty: float | None = None,
-    max_len_a: float | None = None,
-    max_len_b: float | None = None,
-    max_source_length: int | None = None,
     strict: bool = False,
     show_progress: bool | None = None,
     total: int | None = None,
     source_name: str = "line",
     first_line: int = 1,
-    **generate_kwargs,
 ) -> Iterator[list[str]]:
-    """`iter_translations`, in lists: after each batch, the translations that extend the finished prefix of the
-    window, in input order (an empty list yields nothing). Reads the next window only once this one is yielded."""
+    """What every engine shares (the module docstring's rules): windows of `lines`, their sources encoded and cut to
+    `limit`, empty lines as "", token batches of at most `max_tokens`, a progress bar; `translate_batch` turns one
+    batch's source ids into its translations. After each batch, yields the translations that extend the finished
+    prefix of the window, in input order (an empty list yields nothing); reads the next window only once this one is
+    yielded."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}.")
     if window is not None and window < 1:
         raise ValueError(f"window must be positive, got {window}.")
-    overrides = {"num_beams": num_beams, "length_penalty": length_penalty, "max_len_a": max_len_a,
-                 "max_len_b": max_len_b}
-    generate_kwargs = {**{k: v for k, v in overrides.items() if v is not None}, **generate_kwargs}
-    limit = source_length_limit(model.config, max_source_length)
-    model.eval()
     disable = None if show_progress is None else not show_progress  # None: a bar only on a terminal
     with tqdm(total=total, desc="Translating", unit="sent", disable=disable) as bar:
         for chunk in _windows(lines, window, source_name):
@@ -273,20 +267,54 @@ def iter_translation_chunks(
             batches = TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches if indices else []
             for batch in batches:
                 rows = [indices[j] for j in batch]
-                with torch.inference_mode():
-                    inputs = tokenizer.pad({"input_ids": [ids_by_line[i] for i in rows]}, return_tensors="pt")
-                    inputs = {k: v.to(model.device) for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
-                    output = model.generate(**inputs, **generate_kwargs)
-                if not isinstance(output, torch.Tensor):  # return_dict_in_generate: a ModelOutput with .sequences
-                    output = output.sequences
-                num_return = output.shape[0] // len(rows)
-                texts = tokenizer.batch_decode(output, skip_special_tokens=True)
-                for k, i in enumerate(rows):
-                    translations[i] = texts[k * num_return]
+                for i, text in zip(rows, translate_batch([ids_by_line[i] for i in rows]), strict=True):
+                    translations[i] = text
                 bar.update(len(rows))
                 if prefix := finished_prefix():
                     yield prefix
             bar.update(len(chunk) - len(indices))
+
+
+def iter_translation_chunks(
+    model,
+    tokenizer,
+    lines: Iterable[str],
+    *,
+    num_beams: int | None = None,
+    length_penalty: float | None = None,
+    max_len_a: float | None = None,
+    max_len_b: float | None = None,
+    max_source_length: int | None = None,
+    window: int | None = DEFAULT_WINDOW,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    strict: bool = False,
+    show_progress: bool | None = None,
+    total: int | None = None,
+    source_name: str = "line",
+    first_line: int = 1,
+    **generate_kwargs,
+) -> Iterator[list[str]]:
+    """`iter_translations`, in lists (`translation_chunks` with `model.generate` as the engine)."""
+    overrides = {"num_beams": num_beams, "length_penalty": length_penalty, "max_len_a": max_len_a,
+                 "max_len_b": max_len_b}
+    generate_kwargs = {**{k: v for k, v in overrides.items() if v is not None}, **generate_kwargs}
+    limit = source_length_limit(model.config, max_source_length)
+    model.eval()
+
+    def translate_batch(sources: list[list[int]]) -> list[str]:
+        with torch.inference_mode():
+            inputs = tokenizer.pad({"input_ids": sources}, return_tensors="pt")
+            inputs = {k: v.to(model.device) for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
+            output = model.generate(**inputs, **generate_kwargs)
+        if not isinstance(output, torch.Tensor):  # return_dict_in_generate: a ModelOutput with .sequences
+            output = output.sequences
+        num_return = output.shape[0] // len(sources)
+        return tokenizer.batch_decode(output[::num_return], skip_special_tokens=True)
+
+    yield from translation_chunks(
+        translate_batch, tokenizer, lines, limit=limit, window=window, max_tokens=max_tokens, strict=strict,
+        show_progress=show_progress, total=total, source_name=source_name, first_line=first_line,
+    )  # fmt: skip
 
 
 def iter_translations(model, tokenizer, lines: Iterable[str], **kwargs) -> Iterator[str]:
@@ -364,20 +392,31 @@ PIPE_INPUT = "a pipe or standard input"
 BATCHING_OPTIONS = ("window", "max_tokens", "show_progress", "strict", "total")  # they do not change a line's output
 
 
+def recorded_input(input_path) -> str:
+    """The input as a run record names it: a regular file's absolute path, else `PIPE_INPUT`."""
+    return os.path.abspath(input_path) if is_regular_file(input_path) else PIPE_INPUT
+
+
+def decoding_options_given(options: dict) -> dict:
+    """The options given to a run that decide its lines (not those of `BATCHING_OPTIONS`), sorted, None left out."""
+    return {k: v for k, v in sorted(options.items()) if k not in BATCHING_OPTIONS and v is not None}
+
+
 def run_record(model, input_path, options: dict) -> dict:
-    """What decides an output file's lines: the model (its folder or Hub id), its dtype and quantization, the input,
-    and the decoding (the generation config with the options given over it; `--resume` refuses to continue a file
-    begun otherwise)."""
+    """What decides an output file's lines: the engine, the model (its folder or Hub id), its dtype and quantization,
+    the input, and the decoding (the generation config with the options given over it; `--resume` refuses to
+    continue a file begun otherwise)."""
     model_name = getattr(model, "name_or_path", "") or ""
     generation = model.generation_config.to_dict() if getattr(model, "generation_config", None) else {}
     generation = {k: v for k, v in generation.items() if v is not None and k != "transformers_version"}
-    given = {k: v for k, v in sorted(options.items()) if k not in BATCHING_OPTIONS and v is not None}
+    given = decoding_options_given(options)
     record = {
+        "engine": "transformers",
         "model": os.path.abspath(model_name) if os.path.isdir(model_name) else model_name,
         "revision": getattr(getattr(model, "config", None), "_commit_hash", None),  # a Hub model's commit
         "dtype": str(getattr(model, "dtype", "")).removeprefix("torch."),
         "quantization": quantization_of(model),
-        "input": os.path.abspath(input_path) if is_regular_file(input_path) else PIPE_INPUT,
+        "input": recorded_input(input_path),
         # what decodes: the generation config with the options given over it (num_beams=4 given = the model's 4)
         "decoding": {**generation, **given},
         # a length rule given beats a length saved in the generation config, even at the config's own values
@@ -401,10 +440,11 @@ def check_run_record(record_path: str, record: dict, output_name: str) -> None:
     except (OSError, ValueError) as error:  # e.g. cut short by a kill or a full disk while it was written
         raise ValueError(f"--resume: the run record {record_path} cannot be read ({error}); delete it to continue "
                          "anyway (what began the output is then not checked).") from error
+    earlier.setdefault("engine", "transformers")  # a record written before `--engine ctranslate2` kept one
     pipe = PIPE_INPUT in (earlier.get("input"), record["input"])  # a pipe's lines cannot be told apart from a file's
     changed = []
-    for key, value in record.items():
-        then = earlier.get(key)
+    for key in [*record, *(key for key in earlier if key not in record)]:  # another engine's record has other keys
+        then, value = earlier.get(key), record.get(key)
         if then == value or (key == "input" and pipe):
             continue
         if isinstance(then, dict) and isinstance(value, dict):  # name the fields that differ, not the whole config
@@ -439,6 +479,23 @@ def translate_file(
     KeyboardInterrupt (Ctrl-C, or the signals `main` turns into it) becomes `TranslationInterrupted`, saying how
     many lines the output holds.
     kwargs go to `iter_translations`."""
+
+    def chunks(lines: Iterable[str], **where) -> Iterator[list[str]]:
+        return iter_translation_chunks(model, tokenizer, lines, **where, **kwargs)
+
+    return stream_translations(chunks, run_record(model, input_path, kwargs), input_path, output_path, resume=resume)
+
+
+def stream_translations(
+    chunks: Callable[..., Iterator[list[str]]],
+    record: dict,
+    input_path: str | os.PathLike | None = None,
+    output_path: str | os.PathLike | None = None,
+    *,
+    resume: bool = False,
+) -> int:
+    """`translate_file` for any engine: `chunks(lines, total=, source_name=, first_line=)` yields the translations of
+    `lines` in order, in lists (`translation_chunks`); `record` (`run_record`) is what `--resume` checks."""
     name = STDIN_NAME if is_stdio(input_path) else os.fspath(input_path)
     output_name = "standard output" if is_stdio(output_path) else os.fspath(output_path)
     if is_same_file(input_path, output_path):
@@ -447,10 +504,8 @@ def translate_file(
     # a record beside a regular file only (not /dev/null, a pipe or `>(...)`: nothing to resume there)
     record_path = output_name + RUN_RECORD_SUFFIX if is_regular_file(output_path) or (
         not is_stdio(output_path) and not os.path.exists(output_path)) else None  # fmt: skip
-    if record_path:
-        record = run_record(model, input_path, kwargs)
-        if skip:
-            check_run_record(record_path, record, output_name)
+    if record_path and skip:
+        check_run_record(record_path, record, output_name)
     total = count_lines(input_path) if is_regular_file(input_path) else None  # a pipe can be read only once
     if total is not None and skip > total:
         raise ValueError(f"--resume: {output_name} holds {skip} lines but {name} only {total}: not its translation.")
@@ -482,8 +537,7 @@ def translate_file(
                                record_path, error, output_name)  # fmt: skip
                 record_path = None
         todo = None if total is None else total - skip  # the progress bar's total
-        for chunk in iter_translation_chunks(model, tokenizer, lines, total=todo, source_name=name,
-                                             first_line=skip + 1, **kwargs):  # fmt: skip
+        for chunk in chunks(lines, total=todo, source_name=name, first_line=skip + 1):
             writer.write(chunk)
             _stop_if_signalled()
     except KeyboardInterrupt as stop:
@@ -716,7 +770,7 @@ def main(argv=None) -> int:
         return 1
     if args.engine == "ctranslate2":
         # transformers-only options are refused, not ignored (a CTranslate2 folder computes in its exported type)
-        only = ("resume", "window", "dtype", "quantization", "revision", "trust_remote_code")
+        only = ("dtype", "quantization", "revision", "trust_remote_code")
         given = [f"--{name}" for name in only if getattr(args, name) is not None and getattr(args, name) is not False]
         if given:
             why = " (with ctranslate2 the weight type is chosen by vaswani-export-ctranslate2 --quantization)"
@@ -735,8 +789,11 @@ def _run(args: argparse.Namespace, options: dict) -> int:
         if args.engine == "ctranslate2":
             from .ctranslate2_export import translate_file_ctranslate2  # optional dependency: ctranslate2
 
-            translate_file_ctranslate2(args.model_name_or_path, args.input, args.output, device=args.device,
-                                       strict=args.strict, **decoding_arguments(args), **options)  # fmt: skip
+            translate_file_ctranslate2(
+                args.model_name_or_path, args.input, args.output, device=args.device, resume=args.resume,
+                strict=args.strict, show_progress=False if args.no_progress else None, **decoding_arguments(args),
+                **options,
+            )  # fmt: skip
             return 0
         keep_freed_memory_on_cpu(args.keep_freed_cpu_memory, args.device)
         model, tokenizer = load_model_and_tokenizer(

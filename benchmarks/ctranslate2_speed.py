@@ -1,7 +1,8 @@
 """Beam search speed of our CTranslate2 export next to ours and MarianMT's `generate`, at the same model size.
 
 One random model of the size of the OPUS-MT Marian models that CTranslate2 serves (d_model 512, 6 + 6 layers, 8
-heads, d_ff 2048, a shared vocabulary of --vocab-size), given to MarianMTModel with the same weights
+heads, d_ff 2048, a shared vocabulary of --vocab-size; `--d-model`, `--layers`, `--num-heads`, `--d-ff` for others),
+given to MarianMTModel with the same weights
 (`beam_search_speed.marian_with_the_same_weights`) and exported with `vaswani-export-ctranslate2` (float32 and
 int8). Every decoder translates the same batch of random sources (~20 tokens) with beam 4 and length penalty 0.6,
 exactly --new-tokens output tokens per sentence (</s> suppressed). Wall-clock sentences/s, best of --repeats. On a
@@ -17,6 +18,8 @@ Target (issue 17): CTranslate2 int8 >= 2x MarianMT's `generate` (float32 was ~1.
 conversion on a 2-core CPU).
 
     python benchmarks/ctranslate2_speed.py --batch-size 16 --new-tokens 24 --repeats 3
+    python benchmarks/ctranslate2_speed.py --vocab-size 8000 --batch-size 1  # issue 15's base configuration
+    python benchmarks/ctranslate2_speed.py --vocab-size 8000 --d-model 256 --layers 3 --num-heads 4 --d-ff 1024  # small
 """
 
 import argparse
@@ -60,6 +63,8 @@ def main():
     parser.add_argument("--vocab-size", type=int, default=32000)
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--num-heads", type=int, default=8)
+    parser.add_argument("--d-ff", type=int, default=None, help="default: 4 x d_model")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -70,7 +75,8 @@ def main():
         parser.error("CTranslate2 runs on the first GPU: pick another one with CUDA_VISIBLE_DEVICES")
     torch.manual_seed(args.seed)
     config = VaswaniTransformerConfig(vocab_size=args.vocab_size, d_model=args.d_model, encoder_layers=args.layers,
-                                      decoder_layers=args.layers, num_heads=8, d_ff=4 * args.d_model, dropout=0.0)
+                                      decoder_layers=args.layers, num_heads=args.num_heads,
+                                      d_ff=args.d_ff or 4 * args.d_model, dropout=0.0)  # fmt: skip
     ours = VaswaniTransformerForConditionalGeneration(config).eval()
     marian = marian_with_the_same_weights(ours)
     inputs = sources(args.batch_size, args.source_length, args.vocab_size, args.seed)
@@ -95,7 +101,8 @@ def main():
                                           for model in (ours, marian))  # fmt: skip
         inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
         synchronised = ", synchronised" if device.type == "cuda" else ""
-        print(f"# {describe(device)}\n# d_model {args.d_model}, {args.layers}+{args.layers} layers, vocab "
+        print(f"# {describe(device)}\n# d_model {args.d_model}, {args.layers}+{args.layers} layers, "
+              f"{config.num_heads} heads, d_ff {config.d_ff}, vocab "
               f"{args.vocab_size}; batch {args.batch_size}, sources ~{args.source_length} tokens, beam "
               f"{args.num_beams}, {args.new_tokens} output tokens; wall clock{synchronised}, best of "
               f"{args.repeats}\n")  # fmt: skip
@@ -130,7 +137,7 @@ def main():
                 seconds = {name: best_wall_time(run, args.repeats, device) for name, run in runs.items()}
             baseline = seconds["MarianMTModel.generate (transformers' beam search)"]
             for name, value in seconds.items():
-                print(f"| {threads} | {name} | {value:.2f} | {args.batch_size / value:.1f} | {baseline / value:.2f}x |")
+                print(f"| {threads} | {name} | {value:.3g} | {args.batch_size / value:.1f} | {baseline / value:.2f}x |")
 
 
 if __name__ == "__main__":

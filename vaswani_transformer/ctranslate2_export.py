@@ -495,7 +495,7 @@ def translate_file_ctranslate2(
     def chunks(lines: Iterable[str], **where) -> Iterator[list[str]]:
         return iter_translation_chunks_ctranslate2(translator, tokenizer, lines, **where, **kwargs)
 
-    return stream_translations(chunks, json.loads(json.dumps(record)), input_path, output_path, resume=resume)
+    return stream_translations(chunks, record, input_path, output_path, resume=resume)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -496,6 +496,7 @@ def stream_translations(
 ) -> int:
     """`translate_file` for any engine: `chunks(lines, total=, source_name=, first_line=)` yields the translations of
     `lines` in order, in lists (`translation_chunks`); `record` (`run_record`) is what `--resume` checks."""
+    record = json.loads(json.dumps(record, default=repr))  # as it reads back from the file
     name = STDIN_NAME if is_stdio(input_path) else os.fspath(input_path)
     output_name = "standard output" if is_stdio(output_path) else os.fspath(output_path)
     if is_same_file(input_path, output_path):

@@ -397,8 +397,7 @@ def iter_translation_chunks_ctranslate2(
     **batching,
 ) -> Iterator[list[str]]:
     """`translate.translation_chunks` with CTranslate2 as the engine (`translate_tokens`): the translations of `lines`
-    in input order, in lists, as each token batch finishes. `batching`: window, max_tokens, strict, show_progress,
-    total, source_name, first_line."""
+    in input order, in lists, as each token batch finishes. `batching`: `translate.CHUNKING_KEYWORDS`."""
     max_source_length = source_length_limit(None, max_source_length)  # at least 1, as our engine's (no config)
     if max_positions is not None:
         max_source_length = min(max_source_length if max_source_length is not None else max_positions, max_positions)

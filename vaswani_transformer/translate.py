@@ -219,6 +219,10 @@ def _windows(lines: Iterable[str], window: int | None, source_name: str) -> Iter
             return
 
 
+# `translation_chunks`' keywords besides the engine's: how lines are read, batched and reported, not translated
+CHUNKING_KEYWORDS = ("window", "max_tokens", "strict", "show_progress", "total", "source_name", "first_line")
+
+
 def translation_chunks(
     translate_batch: Callable[[list[list[int]]], list[str]],
     tokenizer,
@@ -285,19 +289,14 @@ def iter_translation_chunks(
     max_len_a: float | None = None,
     max_len_b: float | None = None,
     max_source_length: int | None = None,
-    window: int | None = DEFAULT_WINDOW,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    strict: bool = False,
-    show_progress: bool | None = None,
-    total: int | None = None,
-    source_name: str = "line",
-    first_line: int = 1,
-    **generate_kwargs,
+    **kwargs,
 ) -> Iterator[list[str]]:
-    """`iter_translations`, in lists (`translation_chunks` with `model.generate` as the engine)."""
+    """`iter_translations`, in lists (`translation_chunks` with `model.generate` as the engine): kwargs named in
+    `CHUNKING_KEYWORDS` go to `translation_chunks`, the others to `generate`."""
+    batching = {k: kwargs.pop(k) for k in CHUNKING_KEYWORDS if k in kwargs}
     overrides = {"num_beams": num_beams, "length_penalty": length_penalty, "max_len_a": max_len_a,
                  "max_len_b": max_len_b}
-    generate_kwargs = {**{k: v for k, v in overrides.items() if v is not None}, **generate_kwargs}
+    generate_kwargs = {**{k: v for k, v in overrides.items() if v is not None}, **kwargs}
     limit = source_length_limit(model.config, max_source_length)
     model.eval()
 
@@ -311,10 +310,7 @@ def iter_translation_chunks(
         num_return = output.shape[0] // len(sources)
         return tokenizer.batch_decode(output[::num_return], skip_special_tokens=True)
 
-    yield from translation_chunks(
-        translate_batch, tokenizer, lines, limit=limit, window=window, max_tokens=max_tokens, strict=strict,
-        show_progress=show_progress, total=total, source_name=source_name, first_line=first_line,
-    )  # fmt: skip
+    yield from translation_chunks(translate_batch, tokenizer, lines, limit=limit, **batching)
 
 
 def iter_translations(model, tokenizer, lines: Iterable[str], **kwargs) -> Iterator[str]:

@@ -5,7 +5,9 @@ heads, d_ff 2048, a shared vocabulary of --vocab-size; `--d-model`, `--layers`, 
 given to MarianMTModel with the same weights
 (`beam_search_speed.marian_with_the_same_weights`) and exported with `vaswani-export-ctranslate2` (float32 and
 int8). Every decoder translates the same batch of random sources (~20 tokens) with beam 4 and length penalty 0.6,
-exactly --new-tokens output tokens per sentence (</s> suppressed). Wall-clock sentences/s, best of --repeats. On a
+exactly --new-tokens output tokens per sentence (</s> suppressed). Wall-clock sentences/s, best of --repeats; each
+CTranslate2 row in a fresh process of its own (in one where PyTorch's threads have run, CTranslate2's two-thread rows
+ran several times slower; rows before 2026-11-28 were measured so). On a
 CPU ours also with its packed weights kept from call to call, as `translate_lines` keeps them for a run's batches,
 and both models in int8 as PyTorch's dynamic quantization makes them (`torch.ao.quantization.quantize_dynamic(model,
 {torch.nn.Linear}, dtype=torch.qint8)`: int8 weights, activations quantized per call; the same recipe for both).
@@ -23,7 +25,10 @@ conversion on a 2-core CPU).
 """
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import warnings
 
@@ -34,7 +39,7 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
-from vaswani_transformer.ctranslate2_export import export_ctranslate2, load_translator
+from vaswani_transformer.ctranslate2_export import INT8_SATURATION_WARNING, export_ctranslate2, int8_products_saturate
 
 
 def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
@@ -42,6 +47,38 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, vocab_size)])}
     return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
                                    pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>")  # fmt: skip
+
+
+# A CTranslate2 row, in a process of its own: where PyTorch has run a parallel operation (its OpenMP threads exist),
+# CTranslate2's own OpenMP threads ran several times slower on a 2-core CPU (batch 1 with two threads: 123 ms against 13
+# in a fresh process; one thread unaffected), so in this process its two-thread rows came out far too slow.
+_CTRANSLATE2_CHILD = """
+import json, sys, time
+import ctranslate2
+job = json.loads(sys.argv[1])
+translator = ctranslate2.Translator(job["folder"], device=job["device"], compute_type=job["compute_type"],
+                                    intra_threads=job["threads"])
+run = lambda: translator.translate_batch(job["tokens"], **job["options"])
+run()  # warm-up
+best = float("inf")
+for _ in range(job["repeats"]):
+    started = time.perf_counter()
+    run()
+    best = min(best, time.perf_counter() - started)
+print(best)
+"""
+
+
+def ctranslate2_seconds(folder: str, device: str, compute_type: str, threads: int, tokens: list, options: dict,
+                        repeats: int) -> float:  # fmt: skip
+    """Best wall time of CTranslate2's `translate_batch` over `repeats`, after a warm-up, in a fresh child process
+    (`_CTRANSLATE2_CHILD`)."""
+    job = dict(folder=folder, device=device, compute_type=compute_type, threads=threads, tokens=tokens,
+               options=options, repeats=repeats)  # fmt: skip
+    child = subprocess.run([sys.executable, "-c", _CTRANSLATE2_CHILD, json.dumps(job)], capture_output=True, text=True)
+    if child.returncode != 0:
+        raise SystemExit(f"the CTranslate2 {compute_type} row failed:\n{child.stderr}")
+    return float(child.stdout.strip().splitlines()[-1])
 
 
 def best_wall_time(run, repeats: int, device: torch.device) -> float:
@@ -126,15 +163,16 @@ def main():
                 runs["ours, paper beam search, int8 (torch's dynamic quantization)"] = lambda: ours_int8.generate(
                     **inputs, **steps
                 )
-            for compute_type, export in compute_types.items():
-                translator, _, _ = load_translator(os.path.join(folder, export), device=device.type,
-                                                   compute_type=compute_type, intra_threads=threads)  # fmt: skip
-                runs[f"CTranslate2 {compute_type}"] = lambda translator=translator: translator.translate_batch(
-                    token_batch, beam_size=args.num_beams, length_penalty=0.6, max_decoding_length=args.new_tokens,
-                    min_decoding_length=args.new_tokens,
-                )
             with torch.no_grad():
                 seconds = {name: best_wall_time(run, args.repeats, device) for name, run in runs.items()}
+            for compute_type, export in compute_types.items():
+                if compute_type.startswith("int8") and int8_products_saturate(compute_type, device.type):
+                    print("# " + INT8_SATURATION_WARNING % compute_type)
+                options = dict(beam_size=args.num_beams, length_penalty=0.6, max_decoding_length=args.new_tokens,
+                               min_decoding_length=args.new_tokens)  # fmt: skip
+                seconds[f"CTranslate2 {compute_type}"] = ctranslate2_seconds(
+                    os.path.join(folder, export), device.type, compute_type, threads, token_batch, options, args.repeats
+                )
             baseline = seconds["MarianMTModel.generate (transformers' beam search)"]
             for name, value in seconds.items():
                 print(f"| {threads} | {name} | {value:.3g} | {args.batch_size / value:.1f} | {baseline / value:.2f}x |")

@@ -406,7 +406,7 @@ def run_record(model, input_path, options: dict) -> dict:
     generation = model.generation_config.to_dict() if getattr(model, "generation_config", None) else {}
     generation = {k: v for k, v in generation.items() if v is not None and k != "transformers_version"}
     given = decoding_options_given(options)
-    record = {
+    return {
         "engine": "transformers",
         "model": os.path.abspath(model_name) if os.path.isdir(model_name) else model_name,
         "revision": getattr(getattr(model, "config", None), "_commit_hash", None),  # a Hub model's commit
@@ -419,7 +419,6 @@ def run_record(model, input_path, options: dict) -> dict:
         "length_rule_given": any(given.get(name) is not None for name in ("max_len_a", "max_len_b"))
         and config_sets_a_length(generation),
     }
-    return json.loads(json.dumps(record, default=repr))  # as it reads back from the file
 
 
 def check_run_record(record_path: str, record: dict, output_name: str) -> None:

@@ -143,6 +143,11 @@ def main():
               f"{args.vocab_size}; batch {args.batch_size}, sources ~{args.source_length} tokens, beam "
               f"{args.num_beams}, {args.new_tokens} output tokens; wall clock{synchronised}, best of "
               f"{args.repeats}\n")  # fmt: skip
+        for compute_type in compute_types:
+            if compute_type.startswith("int8") and int8_products_saturate(compute_type, device.type):
+                print("# " + INT8_SATURATION_WARNING % compute_type + "\n")
+        options = dict(beam_size=args.num_beams, length_penalty=0.6, max_decoding_length=args.new_tokens,
+                       min_decoding_length=args.new_tokens)  # CTranslate2's, as `steps` above
         print("| threads | decoder | seconds | sentences/s | vs MarianMT |\n| --- | --- | --- | --- | --- |")
         for threads in args.threads if device.type == "cpu" else args.threads[:1]:
             torch.set_num_threads(threads)
@@ -166,10 +171,6 @@ def main():
             with torch.no_grad():
                 seconds = {name: best_wall_time(run, args.repeats, device) for name, run in runs.items()}
             for compute_type, export in compute_types.items():
-                if compute_type.startswith("int8") and int8_products_saturate(compute_type, device.type):
-                    print("# " + INT8_SATURATION_WARNING % compute_type)
-                options = dict(beam_size=args.num_beams, length_penalty=0.6, max_decoding_length=args.new_tokens,
-                               min_decoding_length=args.new_tokens)  # fmt: skip
                 seconds[f"CTranslate2 {compute_type}"] = ctranslate2_seconds(
                     os.path.join(folder, export), device.type, compute_type, threads, token_batch, options, args.repeats
                 )

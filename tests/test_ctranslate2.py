@@ -487,3 +487,72 @@ def test_translate_cli_engine_ctranslate2(trained, tmp_path):
     expected.insert(2, "")
     assert written == expected
     assert translate_main(argv[:3] + [str(folder / "model")] + argv[4:]) == 1  # not an export: an error line
+
+
+def test_evaluate_cli_engine_ctranslate2_scores_the_exports_translations(trained, tmp_path):
+    """`vaswani-evaluate --engine ctranslate2` (a real subprocess) on a float32 export: the hypotheses are our model's
+    beam output with `length_penalty_type="transformers"` (the export's rule, with the folder's beam 4 and alpha
+    0.6), the scores are sacreBLEU's of them, and the report names the engine, its compute type and its rule."""
+    import sacrebleu
+
+    model, tokenizer, test_pairs, folder = trained
+    pairs = test_pairs[:12]
+    (tmp_path / "test.src").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    (tmp_path / "test.tgt").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    command = [sys.executable, os.path.join(REPO, "scripts", "evaluate_model.py"), "--engine", "ctranslate2",
+               "--model_name_or_path", str(folder / "float32"), "--test_file", str(tmp_path / "test"),
+               "--source_lang", "src", "--target_lang", "tgt", "--output_json", str(tmp_path / "eval.json"),
+               "--hypotheses_file", str(tmp_path / "hyp.tgt"), "--tokenize", "13a"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "eval.json").read_text(encoding="utf-8"))
+    assert report == json.loads(done.stdout)
+    hypotheses = (tmp_path / "hyp.tgt").read_text(encoding="utf-8").split("\n")[:-1]
+    sources = [tokenizer(s).input_ids for s, _ in pairs]
+    expected = [tokenizer.decode(ids) for ids in ours(model, tokenizer, sources, num_beams=4, length_penalty=0.6,
+                                                       length_penalty_type="transformers")]  # fmt: skip
+    assert hypotheses == expected
+    references = [t for _, t in pairs]
+    assert report["sacrebleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-12)
+    assert (report["engine"], report["compute_type"], report["num_sentences"]) == ("ctranslate2", "float32", 12)
+    assert report["source_file"] == str(tmp_path / "test.src") and report["first_source_line"] == pairs[0][0]
+    decoding = report["decoding"]
+    assert (decoding["num_beams"], decoding["length_penalty"], decoding["length_penalty_type"]) == (
+        4, 0.6, "transformers")
+    assert decoding["translate_fn"] == "vaswani_transformer.ctranslate2_export.translate_lines_ctranslate2"
+
+
+def test_evaluate_engine_ctranslate2_options_and_bad_input(trained, tmp_path, capsys):
+    """The command line's decoding options reach CTranslate2 (`--num_beams 1`: our greedy output); options only our
+    engine honours, unknown `--decoding` keys, `--engine` beside `--hypotheses` and a folder that is not an export are
+    errors naming them."""
+    from vaswani_transformer.evaluation import main
+
+    model, tokenizer, test_pairs, folder = trained
+    pairs = test_pairs[:6]
+    (tmp_path / "test.src").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    (tmp_path / "test.tgt").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    common = ["--engine", "ctranslate2", "--source", str(tmp_path / "test.src"), "--reference",
+              str(tmp_path / "test.tgt"), "--model_name_or_path"]  # fmt: skip
+    assert main([*common, str(folder / "float32"), "--num_beams", "1", "--decoding", "max_tokens=16",
+                 "--hypotheses_file", str(tmp_path / "greedy.tgt")]) == 0  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert (report["decoding"]["num_beams"], report["decoding"]["max_tokens"]) == (1, 16)
+    greedy = [tokenizer.decode(ids) for ids in ours(model, tokenizer, [tokenizer(s).input_ids for s, _ in pairs],
+                                                     num_beams=1)]  # fmt: skip
+    assert (tmp_path / "greedy.tgt").read_text(encoding="utf-8").split("\n")[:-1] == greedy
+
+    for extra, message in ((["--dtype", "bfloat16"], "--dtype need --engine transformers"),
+                           (["--quantization", "int8"], "--quantization need --engine transformers")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main([*common, str(folder / "float32"), *extra])
+        assert message in capsys.readouterr().err
+    assert main([*common, str(folder / "float32"), "--decoding", "do_sample=true"]) == 1
+    error = capsys.readouterr().err
+    assert "do_sample" in error and "not options of the ctranslate2 engine" in error and "max_tokens" in error
+    assert main([*common, str(folder / "model")]) == 1
+    assert "not a CTranslate2 model folder (no model.bin)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--hypotheses", str(tmp_path / "test.tgt"), "--reference", str(tmp_path / "test.tgt"), "--engine",
+              "ctranslate2"])  # fmt: skip
+    assert "--engine is for translating" in capsys.readouterr().err

@@ -12,6 +12,7 @@ with `length_penalty_type="transformers"`; the paper's GNMT penalty ((5 + |Y|) /
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -497,6 +498,42 @@ def translate_file_ctranslate2(
     return stream_translations(chunks, record, input_path, output_path, resume=resume)
 
 
+def evaluate_ctranslate2(
+    model_dir: str,
+    sources=None,
+    references=None,
+    *,
+    dataset=None,
+    source_lang: str = "",
+    target_lang: str = "",
+    decoding: dict | None = None,
+    tokenize: str | None = None,
+    output_json=None,
+    hypotheses_file=None,
+    device: str | None = None,
+) -> dict:
+    """`evaluation.evaluate_model` with an exported folder: translate a test set with CTranslate2
+    (`translate_lines_ctranslate2`, the folder's decoding defaults under `decoding`'s keywords) and score it. The
+    report has `engine` "ctranslate2" and the translator's `compute_type` where our engine's has `model_dtype`; its
+    `decoding` says `length_penalty_type` "transformers", CTranslate2's rule. `device`: CTranslate2's (default cpu)."""
+    from .evaluation import decoding_settings, read_test_set, report_translations  # `evaluate` loads only here
+
+    test_set = read_test_set(sources, references, dataset=dataset, source_lang=source_lang, target_lang=target_lang)
+    accepted = [name for name in inspect.signature(translate_lines_ctranslate2).parameters][3:]
+    if unknown := sorted(set(decoding or {}) - set(accepted)):
+        raise ValueError(f"Decoding option(s) {', '.join(unknown)} are not options of the ctranslate2 engine; it "
+                         f"takes {', '.join(accepted)}.")  # fmt: skip
+    translator, tokenizer, defaults = load_translator(model_dir, device=device or "cpu")
+    options = decoding_options(defaults, **(decoding or {}))
+    hypotheses = translate_lines_ctranslate2(translator, tokenizer, test_set.sources, **options)
+    settings = {**decoding_settings(translate_lines_ctranslate2, options), "length_penalty_type": "transformers"}
+    return report_translations(
+        hypotheses, test_set, model=str(model_dir), decoding=settings, source_lang=source_lang,
+        target_lang=target_lang, tokenize=tokenize, output_json=output_json, hypotheses_file=hypotheses_file,
+        engine="ctranslate2", compute_type=translator.compute_type,
+    )  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = cli.ArgumentParser(
         description="Convert one of our models (folder or Hub id) into a CTranslate2 model folder with its tokenizer. "
@@ -525,6 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 __all__ = [
     "VaswaniTransformerConverter",
     "decoding_options",
+    "evaluate_ctranslate2",
     "export_ctranslate2",
     "iter_translation_chunks_ctranslate2",
     "load_translator",

@@ -8,7 +8,8 @@ language's rules, ##AT## compound splitting for German targets, and multi-bleu.p
 - `compute_translation_metrics(hypotheses, references, target_lang=...)`: all scores as a dict.
 - `make_compute_metrics(tokenizer, target_lang)`: `compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`.
 - `evaluate_model(model_or_path, sources, references, ...)`: translate a test set and write the JSON report
-  that the model card reads (`evaluation_report` builds it from hypotheses alone).
+  that the model card reads (`evaluation_report` builds it from hypotheses alone; `read_test_set` and
+  `report_translations` are the steps every engine shares, `ctranslate2_export.evaluate_ctranslate2` the other).
 - `choose_length_penalty(score, values)`: the length penalty with the best validation score, as the paper chose its.
 - `main(argv)`: the command line `vaswani-evaluate` (also `scripts/evaluate_model.py`).
 """
@@ -24,7 +25,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import evaluate
 import numpy as np
@@ -51,6 +52,7 @@ from .translate import (
     keep_freed_memory_on_cpu,
     load_model_and_tokenizer,
     quantization_of,
+    transformers_only_options,
     translate_lines,
 )
 
@@ -271,6 +273,67 @@ def evaluation_report(
     return report
 
 
+class EvaluationSet(NamedTuple):
+    """A test set's aligned segments and, where they came from files, the files' names."""
+
+    sources: list[str]
+    references: list[str]
+    source_file: str | None
+    reference_file: str | None
+
+
+def read_test_set(sources=None, references=None, *, dataset=None, source_lang: str = "",
+                  target_lang: str = "") -> EvaluationSet:  # fmt: skip
+    """`sources` and `references` (files, one segment per line, or lists of strings), or `dataset` (a
+    `datasets.Dataset` with a `translation` column) with `source_lang`/`target_lang`: checked to be aligned line by
+    line, every segment with text (errors name the files and their counts)."""
+    if dataset is not None:
+        if sources is not None or references is not None:
+            raise ValueError("Give either `dataset` or `sources` and `references`, not both.")
+        sources, references = _from_dataset(dataset, source_lang, target_lang)
+        (sources, source_name), (references, reference_name) = (
+            _as_lines(sources, "Source"), _as_lines(references, "Reference")
+        )
+    else:
+        if sources is None or references is None:
+            raise ValueError("Both `sources` and `references` are required (or a `dataset`).")
+        if all(isinstance(v, (str, os.PathLike)) for v in (sources, references)):
+            check_parallel_text_files(os.fspath(sources), os.fspath(references))  # names both files and counts
+        sources, source_name = _as_lines(sources, "Source")
+        references, reference_name = _as_lines(references, "Reference")
+    if len(sources) != len(references):
+        raise ValueError(
+            f"{source_name or 'sources'} has {len(sources)} segments but {reference_name or 'references'} has "
+            f"{len(references)}: they must be aligned line by line."
+        )
+    return EvaluationSet(sources, references, source_name, reference_name)
+
+
+def report_translations(
+    hypotheses: Sequence[str],
+    test_set: EvaluationSet,
+    *,
+    model: str,
+    decoding: dict,
+    hypotheses_file: PathLike | None = None,
+    **report: Any,
+) -> dict[str, Any]:
+    """`evaluation_report` of an engine's translations of `test_set` (one per source, else a RuntimeError), with
+    where the test set came from, its first source line (for a model card's attention picture) and the written
+    `hypotheses_file`; `report`: `evaluation_report`'s other keywords and extra fields."""
+    if len(hypotheses) != len(test_set.sources):
+        raise RuntimeError(f"The translate function returned {len(hypotheses)} translations for "
+                           f"{len(test_set.sources)} sources.")  # fmt: skip
+    if hypotheses_file is not None:
+        write_lines(hypotheses, hypotheses_file)
+        report["hypotheses_file"] = str(hypotheses_file)
+    first = next((line.strip() for line in test_set.sources if line.strip()), None)
+    return evaluation_report(
+        hypotheses, test_set.references, model=model, decoding=decoding, source_file=test_set.source_file,
+        reference_file=test_set.reference_file, first_source_line=first, **report,
+    )  # fmt: skip
+
+
 def evaluate_model(
     model_or_path,
     sources=None,
@@ -304,25 +367,8 @@ def evaluate_model(
     quantization: "int8", a model folder's linear layers in int8 on a CPU (`translate.quantize_linear_layers`); the
         report then has `model_quantization`.
     """
-    if dataset is not None:
-        if sources is not None or references is not None:
-            raise ValueError("Give either `dataset` or `sources` and `references`, not both.")
-        sources, references = _from_dataset(dataset, source_lang, target_lang)
-        (sources, source_name), (references, reference_name) = (
-            _as_lines(sources, "Source"), _as_lines(references, "Reference")
-        )
-    else:
-        if sources is None or references is None:
-            raise ValueError("Both `sources` and `references` are required (or a `dataset`).")
-        if all(isinstance(v, (str, os.PathLike)) for v in (sources, references)):
-            check_parallel_text_files(os.fspath(sources), os.fspath(references))  # names both files and counts
-        sources, source_name = _as_lines(sources, "Source")
-        references, reference_name = _as_lines(references, "Reference")
-    if len(sources) != len(references):
-        raise ValueError(
-            f"{source_name or 'sources'} has {len(sources)} segments but {reference_name or 'references'} has "
-            f"{len(references)}: they must be aligned line by line."
-        )
+    test_set = read_test_set(sources, references, dataset=dataset, source_lang=source_lang,
+                             target_lang=target_lang)  # fmt: skip
 
     remedy = "evaluate in float32 (--dtype float32)"
     if isinstance(model_or_path, (str, os.PathLike)):
@@ -347,30 +393,15 @@ def evaluate_model(
 
     translate_fn = translate_fn or translate_lines
     with torch.inference_mode():
-        hypotheses = list(translate_fn(model, tokenizer, sources, **(decoding or {})))
-    if len(hypotheses) != len(sources):
-        raise RuntimeError(f"translate_fn returned {len(hypotheses)} translations for {len(sources)} sources.")
-    if hypotheses_file is not None:
-        write_lines(hypotheses, hypotheses_file)
-
-    first = next((line.strip() for line in sources if line.strip()), None)  # for a model card's attention picture
-    extra = {"source_file": source_name, "reference_file": reference_name, "first_source_line": first,
-             "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}  # fmt: skip
+        hypotheses = list(translate_fn(model, tokenizer, test_set.sources, **(decoding or {})))
+    extra = {"engine": "transformers", "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     if (quantized := quantization_of(model)) is not None:
         extra["model_quantization"] = quantized
-    if hypotheses_file is not None:
-        extra["hypotheses_file"] = str(hypotheses_file)
-    return evaluation_report(
-        hypotheses,
-        references,
-        source_lang=source_lang,
-        target_lang=target_lang,
-        model=model_name,
-        decoding=decoding_settings(translate_fn, decoding, model),
-        tokenize=tokenize,
-        output_json=output_json,
-        **extra,
-    )
+    return report_translations(
+        hypotheses, test_set, model=model_name, decoding=decoding_settings(translate_fn, decoding, model),
+        source_lang=source_lang, target_lang=target_lang, tokenize=tokenize, output_json=output_json,
+        hypotheses_file=hypotheses_file, **extra,
+    )  # fmt: skip
 
 
 def choose_length_penalty(score: Callable[[float], float], values: Sequence[float]) -> dict[str, Any]:
@@ -423,6 +454,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--model_name_or_path", "--model", help="Model folder (with its tokenizer) to translate with.")
     what.add_argument("--hypotheses", help="Score this file of translations instead of translating.")
+    parser.add_argument("--engine", choices=("transformers", "ctranslate2"),
+                        help="With --model_name_or_path: transformers (our generate; the default) or ctranslate2 (a "
+                        "folder written by vaswani-export-ctranslate2; beam search with transformers' length "
+                        "penalty; --device default cpu).")  # fmt: skip
     parser.add_argument("--source", help="Source file, one segment per line.")
     parser.add_argument("--reference", help="Reference file, aligned with --source line by line.")
     parser.add_argument("--test_file", "--test-prefix", "--test_prefix",
@@ -459,9 +494,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--reference (or --test_file) is required.")
     if args.model_name_or_path and args.source is None:
         parser.error("--model_name_or_path needs --source (or --test_file).")
-    for option in ("dtype", "quantization"):
+    for option in ("dtype", "quantization", "engine"):
         if args.hypotheses and getattr(args, option):
             parser.error(f"--{option} is for translating with --model_name_or_path, not for scoring --hypotheses.")
+    if args.engine == "ctranslate2" and (problem := transformers_only_options(args)):
+        parser.error(problem)
     decoding = {}
     for item in args.decoding:
         key, sep, value = item.partition("=")
@@ -489,6 +526,14 @@ def main(argv=None) -> int:
                 tokenize=args.tokenize, output_json=args.output_json, hypotheses_file=args.hypotheses,
                 reference_file=args.reference,
             )  # fmt: skip
+        elif args.engine == "ctranslate2":
+            from .ctranslate2_export import evaluate_ctranslate2  # optional dependency: ctranslate2
+
+            report = evaluate_ctranslate2(
+                args.model_name_or_path, args.source, args.reference, source_lang=args.source_lang,
+                target_lang=args.target_lang, decoding=args.decoding, tokenize=args.tokenize,
+                output_json=args.output_json, hypotheses_file=args.hypotheses_file, device=args.device,
+            )  # fmt: skip
         else:
             # int8 (PyTorch's dynamic quantization) runs on a CPU: no GPU by default then
             device = args.device or ("cuda" if torch.cuda.is_available() and not args.quantization else "cpu")
@@ -507,6 +552,7 @@ def main(argv=None) -> int:
 
 
 __all__ = [
+    "EvaluationSet",
     "choose_length_penalty",
     "compute_translation_metrics",
     "decoding_settings",
@@ -519,6 +565,8 @@ __all__ = [
     "multi_bleu",
     "paper_bleu_path",
     "read_segments",
+    "read_test_set",
+    "report_translations",
     "split_compounds",
     "tokenized_bleu",
 ]

@@ -586,6 +586,18 @@ def decoding_arguments(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
+def transformers_only_options(args: argparse.Namespace) -> str | None:
+    """With `--engine ctranslate2` (vaswani-translate, vaswani-evaluate): the problem of any option given that only
+    our engine honours, else None. Refused, not ignored: a CTranslate2 folder computes in its exported type."""
+    names = ("dtype", "quantization", "revision", "trust_remote_code")
+    given = [f"--{name}" for name in names if getattr(args, name, None) not in (None, False)]
+    if not given:
+        return None
+    typed = "--dtype" in given or "--quantization" in given
+    why = " (with ctranslate2 the weight type is chosen by vaswani-export-ctranslate2 --quantization)" if typed else ""
+    return f"{', '.join(given)} need --engine transformers{why}."
+
+
 def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
     """`--quantization int8` (vaswani-translate, vaswani-evaluate): `quantize_linear_layers` after loading."""
     parser.add_argument("--quantization", choices=QUANTIZATIONS,
@@ -764,15 +776,9 @@ def main(argv=None) -> int:
     if problem := check_input_output(args.input, args.output, args.resume):
         print(f"error: {problem}", file=sys.stderr)
         return 1
-    if args.engine == "ctranslate2":
-        # transformers-only options are refused, not ignored (a CTranslate2 folder computes in its exported type)
-        only = ("dtype", "quantization", "revision", "trust_remote_code")
-        given = [f"--{name}" for name in only if getattr(args, name) is not None and getattr(args, name) is not False]
-        if given:
-            why = " (with ctranslate2 the weight type is chosen by vaswani-export-ctranslate2 --quantization)"
-            typed = "--dtype" in given or "--quantization" in given
-            print(f"error: {', '.join(given)} need --engine transformers{why if typed else ''}.", file=sys.stderr)
-            return 1
+    if args.engine == "ctranslate2" and (problem := transformers_only_options(args)):
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     names = ("max_tokens", "max_source_length", "window")
     options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     with _StopSignals():

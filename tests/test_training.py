@@ -1221,6 +1221,37 @@ def test_evaluation_and_test_sets_keep_their_order_whatever_the_sampling_strateg
     assert tokenizer.batch_decode(predictions, skip_special_tokens=True) == alone
 
 
+def test_predictions_under_mixed_precision_are_the_saved_models_translations(tmp_path):
+    """With bf16 mixed precision (`--bf16`, `--bf16_where_native`), `predict` (the test score, the length penalty's
+    choice on validation, the evaluations during training) decodes as the saved model decodes wherever it is loaded:
+    its float32 weights, no autocast; the loss keeps the training's precision. Before, accelerate's autocast wrapper
+    decoded in bf16, so a run's test score was not its published model's (Multi30k's 12-minute model: 36.64 against
+    the 36.77 that `vaswani-evaluate` gives, 61 of 1,000 translations different)."""
+    import copy
+
+    from datasets import Dataset
+
+    from vaswani_transformer.data import TranslationDataCollator
+
+    tokenizer = helpers.tiny_tokenizer()
+    model = helpers.tiny_translation_model(tokenizer, seed=12, init_std=0.02, scale_embedding=True)
+    model.generation_config.max_len_a, model.generation_config.max_len_b = 0, 10
+    saved = copy.deepcopy(model)  # what save_pretrained writes: the same float32 weights, no accelerate wrapper
+    ids = [tokenizer(s).input_ids for s in helpers.SOURCES]
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16=True, report_to="none",
+                                    disable_tqdm=True, per_device_eval_batch_size=2)  # fmt: skip
+    trainer = VaswaniSeq2SeqTrainer(model=model, args=args, data_collator=TranslationDataCollator(tokenizer),
+                                    processing_class=tokenizer)  # fmt: skip
+    trainer.accelerator.prepare_model(model)  # as after Trainer.train: its forward under bf16 autocast
+    output = trainer.predict(Dataset.from_dict({"input_ids": ids, "labels": ids}))
+    predictions = np.where(output.predictions < 0, tokenizer.pad_token_id, output.predictions)
+    assert tokenizer.batch_decode(predictions, skip_special_tokens=True) == helpers.generate_one_by_one(
+        saved, tokenizer, helpers.SOURCES)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # the fixture: bf16 changes translations
+        in_bf16 = helpers.generate_one_by_one(saved, tokenizer, helpers.SOURCES)
+    assert in_bf16 != helpers.generate_one_by_one(saved, tokenizer, helpers.SOURCES)
+
+
 def test_token_batches_load_with_the_dataloader_flags_as_transformers_loader(tmp_path):
     """--dataloader_persistent_workers, _prefetch_factor, _multiprocessing_context, _in_order and the worker seeding
     reach the token-batch training DataLoader as they reach transformers' own (the same arguments, no token batches)."""

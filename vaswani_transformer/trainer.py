@@ -230,6 +230,24 @@ def outputs_in_compute_dtype(module: torch.nn.Module) -> Iterator[None]:
         module.forward = forward
 
 
+@contextmanager
+def forward_as_saved(module: torch.nn.Module) -> Iterator[None]:
+    """Within the block, ``module`` (accelerate-prepared for mixed precision) runs its own forward: no autocast, no
+    outputs cast to float32, what its saved weights compute wherever they are loaded. accelerate keeps the forward it
+    wrapped as ``_original_forward`` (its ``unwrap_model(keep_fp32_wrapper=False)`` restores it for good). A module
+    without that wrapper is left alone."""
+    original = module.__dict__.get("_original_forward")
+    if original is None:
+        yield
+        return
+    wrapped = module.__dict__.get("forward")
+    module.forward = original
+    try:
+        yield
+    finally:
+        module.forward = wrapped
+
+
 # oneDNN's variable for how many compiled kernels (primitives) it keeps, and the number this project's jobs ask for.
 ONEDNN_CACHE_VARIABLE, ONEDNN_PRIMITIVES = "ONEDNN_PRIMITIVE_CACHE_CAPACITY", 8192
 
@@ -778,7 +796,8 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Loss on the batch plus ``generate`` from the source only (the model's generation config: the paper's
-        beam search). Unlike `Seq2SeqTrainer`, ``labels`` are not passed to ``generate``."""
+        beam search). Unlike `Seq2SeqTrainer`, ``labels`` are not passed to ``generate``, and under mixed precision
+        it decodes without autocast (`forward_as_saved`), as the saved model does."""
         if not self.args.predict_with_generate or prediction_loss_only:
             step = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
             self._gather_sentence_losses()
@@ -789,7 +808,9 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         gen_kwargs = {k: v for k, v in gen_kwargs.items() if not (k in ("num_beams", "max_length") and v is None)}
         generation_inputs = {k: inputs[k] for k in ("input_ids", "attention_mask") if k in inputs}
         unwrapped = self.accelerator.unwrap_model(model)
-        with torch.no_grad():
+        # Decoded as the saved model decodes (mixed precision's autocast would score other translations than the
+        # published model's: its test BLEU, the length penalty chosen on validation); the loss keeps the training's.
+        with torch.no_grad(), forward_as_saved(unwrapped):
             generated = unwrapped.generate(**generation_inputs, **gen_kwargs)
             loss = None
             labels = inputs.get("labels")

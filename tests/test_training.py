@@ -35,6 +35,7 @@ from vaswani_transformer.trainer import (
     NonFiniteLossError,
     VaswaniSeq2SeqTrainer,
     build_optimizer,
+    forward_as_saved,
     gradient_accumulation_for,
     label_smoothed_cross_entropy,
 )
@@ -1250,6 +1251,11 @@ def test_predictions_under_mixed_precision_are_the_saved_models_translations(tmp
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # the fixture: bf16 changes translations
         in_bf16 = helpers.generate_one_by_one(saved, tokenizer, helpers.SOURCES)
     assert in_bf16 != helpers.generate_one_by_one(saved, tokenizer, helpers.SOURCES)
+    # With --torch_compile the unwrapped model is torch's compiled wrapper, whose `generate` runs the module inside.
+    wrapped = model.__dict__["forward"]
+    with forward_as_saved(torch.compile(model)):
+        assert model.__dict__["forward"] == model._original_forward
+    assert model.__dict__["forward"] is wrapped
 
 
 def test_token_batches_load_with_the_dataloader_flags_as_transformers_loader(tmp_path):

@@ -234,8 +234,10 @@ def outputs_in_compute_dtype(module: torch.nn.Module) -> Iterator[None]:
 def forward_as_saved(module: torch.nn.Module) -> Iterator[None]:
     """Within the block, ``module`` (accelerate-prepared for mixed precision) runs its own forward: no autocast, no
     outputs cast to float32, what its saved weights compute wherever they are loaded. accelerate keeps the forward it
-    wrapped as ``_original_forward`` (its ``unwrap_model(keep_fp32_wrapper=False)`` restores it for good). A module
-    without that wrapper is left alone."""
+    wrapped as ``_original_forward`` (its ``unwrap_model(keep_fp32_wrapper=False)`` restores it for good). For a
+    compiled module (``torch_compile``), the module inside, which its ``generate`` runs. A module without that wrapper
+    is left alone."""
+    module = getattr(module, "_orig_mod", module)
     original = module.__dict__.get("_original_forward")
     if original is None:
         yield

@@ -259,7 +259,9 @@ With `vaswani_transformer` installed: `translator, tokenizer, defaults = load_tr
 
 The length penalty is CTranslate2's log P / |Y|^alpha (the paper used the GNMT penalty ((5 + |Y|) / 6)^alpha), so beam
 search gives what `model.generate(..., length_penalty_type="transformers")` gives, not the paper's rule.
-Or: `vaswani-translate --engine ctranslate2 --model_name_or_path path/to/this/folder`.
+Or: `vaswani-translate --engine ctranslate2 --model_name_or_path path/to/this/folder`, and to score it on a test set as
+the original model is scored: `vaswani-evaluate --engine ctranslate2 --model_name_or_path path/to/this/folder --source
+test.src --reference test.tgt --target_lang <code>`.
 
 The position table holds {max_positions} positions (`max_positions` in config.json): CTranslate2 fails on a longer source
 or output, so keep `max_decoding_length` at most {max_positions}; `vaswani-translate` cuts longer sources with a warning.

@@ -1,14 +1,23 @@
 """Shared test fixtures: small models and a Python process in which `vaswani_transformer` cannot be imported."""
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
-import pytest
-import torch
+# Under pytest-xdist (the README's `-n 2`) each worker copies remote code and `evaluate` metrics into its own modules
+# cache, so two workers never write the same file at once. Set before transformers is imported: it reads it then.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix=f"hf_modules_{os.environ['PYTEST_XDIST_WORKER']}_")
+    atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], ignore_errors=True)
 
-from vaswani_transformer.hub import HIDE_PACKAGE_CODE
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from vaswani_transformer.hub import HIDE_PACKAGE_CODE  # noqa: E402
 
 torch.set_num_threads(1)  # tests use one thread: two busy cores slow each other down far more than 2x
 

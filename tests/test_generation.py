@@ -3,6 +3,7 @@
 import copy
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -934,6 +935,77 @@ def test_a_compiled_decoding_step_is_compiled_once():
                               compile_config=compile_config)  # fmt: skip
     assert torch.equal(compiled, expected)
     assert counters["stats"]["unique_graphs"] == 1  # 11 one-token steps after the uncompiled first one: one graph
+
+
+def _compiled_with_the_search(model, inputs, backend: str, **kwargs):
+    """`generate` with a static cache and a compiled step (the search in its graph); the graphs torch made for it."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    compile_config = CompileConfig(fullgraph=True, backend=backend)
+    compile_config._compile_all_devices = True  # transformers compiles only on accelerators otherwise
+    torch._dynamo.reset()
+    counters.clear()
+    output = model.generate(**inputs, **kwargs, cache_implementation="static", compile_config=compile_config)
+    return output, counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(max_len_b=6),  # t2t, natural lengths, each sentence's own limit (max_len_a * source length + 6)
+        dict(max_len_b=6, beam_search_rules="fairseq"),
+        dict(max_len_b=6, num_return_sequences=2),
+        dict(max_new_tokens=7, suppress_tokens=[EOS]),  # every hypothesis cut at the limit
+        dict(max_len_b=6, length_penalty=0.0, num_beams=3),
+    ],
+)
+def test_a_compiled_step_with_the_search_in_its_graph_gives_the_eager_search_s_tokens(settings):
+    # With a static cache and a compiled step on a CPU, the search's update runs in the step's graph: branch-free
+    # (every sentence merges its finished set every step; t2t's fill at the limit every step) on fixed-width
+    # sequences. torch's "eager" backend runs the traced graph as traced, so this checks those rewritten steps.
+    model = tiny_model(3, eos_bias=1.5)
+    inputs = random_sources(5)
+    expected = model.generate(**inputs, **settings)
+    compiled, graphs = _compiled_with_the_search(model, inputs, "eager", **settings)
+    assert "_compiled_decode_and_update" in model.__dict__
+    assert graphs == 1  # the steps after the uncompiled first one: one graph of the decoder and the search
+    assert torch.equal(compiled, expected)
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor needs a C++ compiler")
+def test_the_search_compiled_by_inductor_gives_the_eager_search_s_tokens():
+    # Inductor's own kernels, at the beam search benchmark's size (the Multi30k recipe's model, random weights), one
+    # sentence, 24 tokens. With the static cache's reordering inside the same graph, after the step had written the
+    # cache, this gave other tokens from the fifth step on (not at smaller sizes): the reordering stays outside.
+    torch.manual_seed(0)
+    size = dict(d_model=256, encoder_layers=3, decoder_layers=3, num_heads=4, d_ff=1024)
+    model = VaswaniTransformerForConditionalGeneration(
+        VaswaniTransformerConfig(vocab_size=8000, dropout=0.0, **size)
+    ).eval()
+    generator = torch.Generator().manual_seed(0)
+    length = int(torch.randint(15, 26, (1,), generator=generator))  # (the benchmark's first source)
+    source = torch.cat([torch.randint(4, 8000, (1, length - 1), generator=generator), torch.tensor([[EOS]])], 1)
+    inputs = {"input_ids": source, "attention_mask": torch.ones_like(source)}
+    settings = dict(max_new_tokens=24, suppress_tokens=[EOS])
+    expected = model.generate(**inputs, **settings)
+    compiled, graphs = _compiled_with_the_search(model, inputs, "inductor", **settings)
+    assert graphs == 1
+    assert torch.equal(compiled, expected)
+
+
+def test_a_compiled_step_keeps_the_search_out_of_its_graph_where_steps_differ():
+    # Per-step outputs (here scores) are recorded outside: the step alone is compiled, the search runs as always.
+    model = tiny_model(3, eos_bias=1.5)
+    inputs = random_sources(5)
+    kwargs = dict(max_len_b=6, return_dict_in_generate=True, output_scores=True)
+    expected = model.generate(**inputs, **kwargs)
+    compiled, graphs = _compiled_with_the_search(model, inputs, "eager", **kwargs)
+    assert "_compiled_decode_and_update" not in model.__dict__ and graphs == 1
+    assert torch.equal(compiled.sequences, expected.sequences)
+    assert len(compiled.scores) == len(expected.scores)
+    for step, expected_scores in zip(compiled.scores, expected.scores):  # (the static cache's step: not to the bit)
+        torch.testing.assert_close(step, expected_scores)
 
 
 def test_synced_gpus_gives_the_same_result(tmp_path):

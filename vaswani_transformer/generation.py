@@ -54,6 +54,9 @@ from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 # model groups their queries (`modeling_vaswani_transformer._grouped_queries`); under others the decoder copies it.
 # Add the name of a registered kernel that takes any number of queries per row and a mask that broadcasts over them.
 SHARED_SOURCE_KERNELS = {"eager", "sdpa"}
+# A compiled decoding step takes the search's update into its graph where it can (`_search_compiles`); False: the
+# search runs uncompiled after the compiled step (the benchmark's comparison row).
+_SEARCH_COMPILES = True
 
 # The paper's decoding (Section 6.1). max_len_a/max_len_b are fairseq's `max_len_a * source length + max_len_b` rule.
 PAPER_GENERATION_DEFAULTS = {
@@ -452,9 +455,10 @@ class _Alive:
     """The running beams of the active sentences (A of them, rows a * K + k), best first (t2t's alive set)."""
 
     active: torch.Tensor  # (A,) their numbers in the full batch
-    sequences: torch.Tensor  # (A * K, length)
+    sequences: torch.Tensor  # (A * K, width): `length` tokens, then padding (one shape for the whole search)
     scores: torch.Tensor  # (A, K) log P(Y|X); -inf for a dead beam
     history: torch.Tensor | None  # (A * K, generated) beam_indices: rows of the full batch
+    length: int | torch.Tensor  # tokens so far (prompt included); a 0-d tensor in a compiled step's graph
 
 
 @dataclass
@@ -542,7 +546,8 @@ def paper_beam_search(
     `SHARED_SOURCE_KERNELS`, with a dynamic cache). Finished sentences leave the batch (their cache rows are
     dropped), unless `synced_gpus`, a sentence-dependent logits processor or a non-dynamic (e.g. static) cache keeps
     the batch whole: they then run along without changing their finished hypotheses, their rows of the per-step
-    outputs as if they had left.
+    outputs as if they had left. With a static cache and a compiled step on a CPU, the search's own update goes into
+    the step's graph (`_search_compiles`: one graph, the same tokens).
     """
     search, alive, finished, cache, model_kwargs = _start(
         model, input_ids, logits_processor, stopping_criteria, generation_config,
@@ -574,16 +579,36 @@ def paper_beam_search(
     done = torch.zeros(input_ids.shape[0] // K, dtype=torch.bool, device=device)
     this_peer_finished = False
     step = 0
+    # Where every step after the first runs the same operations on the same shapes, one graph of the decoding step and
+    # the search's update replaces the compiled step (`_decode_and_update`).
+    step_and_update = compiled and _search_compiles(
+        search, logits_processor, suppressed, record, paper_synced_gpus, rows_can_change, decoder_prompt_mask, device
+    )
     while model._has_unfinished_sequences(this_peer_finished, paper_synced_gpus, device=device):
+        if step_and_update and step > 0:
+            length = alive.length
+            alive.length = torch.tensor(length, device=device)
+            sequences, scores, cache_rows = _compiled_decode_and_update(model, generation_config.compile_config)(
+                model, search, alive, finished, done, encoder_states, attention_mask, cache, suppressed
+            )
+            step += 1
+            alive = _Alive(alive.active, sequences, scores, None, length + 1)
+            # Outside the graph: inside it, after the step's own cache writes, inductor's graph gave other tokens.
+            _reorder_self_attention(cache, cache_rows)
+            this_peer_finished = bool(done.all())
+            continue
         # The first step reads the whole prompt (not compiled, as transformers' prefill); later ones one token.
         forward = decode_forward if step > 0 else model.__call__
-        # The last column as its own tensor: a slice's row stride is the growing length, and a compiled step
-        # would be recompiled for every new stride.
+        length = alive.length
+        # The last token as its own tensor: a slice's row stride is the sequences' width, and a compiled step would
+        # be recompiled for a new stride.
         outputs = forward(
             encoder_outputs=(encoder_states,),
             attention_mask=attention_mask,
-            decoder_input_ids=alive.sequences[:, -1:].contiguous() if (use_cache and step > 0) else alive.sequences,
-            decoder_attention_mask=_decoder_mask(decoder_prompt_mask, alive.sequences.shape[-1]),
+            decoder_input_ids=alive.sequences[:, length - 1 : length].contiguous()
+            if (use_cache and step > 0)
+            else alive.sequences[:, :length],
+            decoder_attention_mask=_decoder_mask(decoder_prompt_mask, length),
             cache=cache,
             use_cache=use_cache,
             output_attentions=record.attentions is not None,
@@ -591,9 +616,15 @@ def paper_beam_search(
             return_dict=True,
         )
         step += 1
-        if this_peer_finished:  # synced_gpus: keep the other processes company
-            alive.sequences = torch.cat([alive.sequences, alive.sequences[:, -1:]], dim=-1)
+        if this_peer_finished:  # synced_gpus: keep the other processes company, repeating the last token
+            if length == alive.sequences.shape[-1]:  # (the other processes' sentences may be longer)
+                alive.sequences = nn.functional.pad(alive.sequences, (0, 1), value=search.pad_token_id)
+            alive.sequences[:, length] = alive.sequences[:, length - 1]
+            alive.length = length + 1
             continue
+        if step == 1 and suppressed is not None:  # ids outside the vocabulary suppress nothing there
+            vocab_size = outputs.logits.shape[-1]
+            suppressed = suppressed[(suppressed >= 0) & (suppressed < vocab_size)].to(device)
         # A compiled step's CUDA graphs write their outputs into the same memory at the next step: a copy, as
         # transformers' `_sample` makes (kept when `output_logits`).
         logits = outputs.logits[:, -1, :].to(score_dtype, copy=compiled)
@@ -601,26 +632,19 @@ def paper_beam_search(
         # Where the batch stays whole, sentences already done run along: nothing of theirs may change any more.
         running = ~done[alive.active]
         if suppressed is not None:  # the same -inf columns as transformers' processors, without their full copies
-            if step == 1:  # ids outside the vocabulary suppress nothing there
-                suppressed = suppressed[(suppressed >= 0) & (suppressed < log_probs.shape[-1])].to(device)
             log_probs[:, suppressed] = -math.inf
         elif len(logits_processor) > 0:
             if forced_eos is not None:
                 forced_eos.sentences = alive.active.repeat_interleave(K)
-            log_probs = logits_processor(alive.sequences, log_probs)
+            log_probs = logits_processor(alive.sequences[:, :length], log_probs)
             best = log_probs.amax(dim=-1).view(-1, K)[running]  # one pass; the running sentences' rows
             bound_valid = bound_valid and not bool((best > 0).any())
         record.add(outputs, log_probs, logits, alive.active, K, running)
         del outputs
 
-        candidates = _top_candidates(search, alive, log_probs, record.scores)
-        at_limit = (search.limits[alive.active] <= candidates.generated) & running
-        may_finish = _may_finish(search, finished, alive, candidates, at_limit) & running[:, None]
-        _grow_finished(search, finished, alive, candidates, may_finish)
-        alive, cache_rows = _grow_alive(search, alive, candidates)
-        if search.rules == "t2t" and candidates.generated in search.limit_values:
-            _fill_with_alive_at_limit(search, finished, alive, at_limit, candidates.generated)
-        done[alive.active] |= _sentences_done(search, finished, alive, at_limit, bound_valid)
+        alive, cache_rows = _search_update(
+            search, alive, finished, done, log_probs, running, bound_valid, record.scores
+        )
 
         keep = ~done[alive.active]
         if drop_finished and not bool(keep.all()):
@@ -628,7 +652,7 @@ def paper_beam_search(
             kept_rows = (kept[:, None] * K + torch.arange(K, device=device)).reshape(-1)
             alive = _Alive(
                 alive.active[keep], alive.sequences[kept_rows], alive.scores[keep],
-                alive.history[kept_rows] if alive.history is not None else None,
+                alive.history[kept_rows] if alive.history is not None else None, alive.length,
             )  # fmt: skip
             cache_rows = cache_rows[kept_rows]
             source_rows = kept if shared_source else kept_rows
@@ -642,6 +666,73 @@ def paper_beam_search(
         this_peer_finished = bool(done.all())
 
     return _outputs(model, search, finished, record, generation_config, model_kwargs, use_cache)
+
+
+def _search_update(search: _Search, alive: _Alive, finished: _Finished, done, log_probs, running, bound_valid,
+                   scores_so_far, branch_free: bool = False):
+    """Steps 1-4 from one step's log-probabilities: the finished sets grow in place, `done` marks the sentences that
+    stop; returns the next running beams and the rows of the current ones they continue (for the cache)."""
+    candidates = _top_candidates(search, alive, log_probs, scores_so_far)
+    at_limit = (search.limits[alive.active] <= candidates.generated) & running
+    may_finish = _may_finish(search, finished, alive, candidates, at_limit) & running[:, None]
+    _grow_finished(search, finished, alive, candidates, may_finish, branch_free)
+    alive, cache_rows = _grow_alive(search, alive, candidates)
+    if search.rules == "t2t" and (branch_free or candidates.generated in search.limit_values):
+        _fill_with_alive_at_limit(search, finished, alive, at_limit, candidates.generated)
+    done[alive.active] |= _sentences_done(search, finished, alive, at_limit, bound_valid)
+    return alive, cache_rows
+
+
+def _decode_and_update(model, search: _Search, alive: _Alive, finished: _Finished, done, encoder_states,
+                       attention_mask, cache, suppressed):
+    """One decoding step of the running beams' last tokens and the search's update after it (`_search_update`,
+    branch-free), as one compiled graph (`_search_compiles`): `alive.length` is a tensor, so every step runs the same
+    operations on the same shapes. Returns the next running beams' sequences and scores, and the cache rows."""
+    rows = alive.sequences.shape[0]
+    outputs = model(
+        encoder_outputs=(encoder_states,),
+        attention_mask=attention_mask,
+        decoder_input_ids=alive.sequences.gather(1, (alive.length - 1).expand(rows, 1)),
+        cache=cache,
+        use_cache=True,
+        return_dict=True,
+    )
+    log_probs = nn.functional.log_softmax(outputs.logits[:, -1, :].to(alive.scores.dtype), dim=-1)
+    if suppressed is not None:
+        log_probs = log_probs.index_fill(1, suppressed, -math.inf)
+    running = ~done[alive.active]
+    alive, cache_rows = _search_update(search, alive, finished, done, log_probs, running, True, None, True)
+    return alive.sequences, alive.scores, cache_rows
+
+
+def _search_compiles(search: _Search, logits_processor, suppressed, record, synced_gpus: bool, rows_can_change,
+                     decoder_prompt_mask, device) -> bool:
+    """Whether a compiled decoding step takes the search's update into its graph (`_decode_and_update`): on a CPU
+    (GPUs: not measured yet), the batch whole (a static cache), no logits processor but `suppress_tokens`, no
+    stopping criterion but eos and the length, no per-step outputs or beam_indices to record, no decoder prompt
+    mask, no synced_gpus."""
+    return (
+        device.type == "cpu"
+        and _SEARCH_COMPILES
+        and not rows_can_change
+        and (suppressed is not None or len(logits_processor) == 0)
+        and not search.extra_criteria
+        and not search.keep_history
+        and record.empty
+        and decoder_prompt_mask is None
+        and not synced_gpus
+    )
+
+
+def _compiled_decode_and_update(model, compile_config):
+    """`_decode_and_update` compiled with the `compile_config` transformers compiles the decoding step with, kept on
+    the model as transformers keeps its compiled step (a new compiled callable would compile anew)."""
+    options = compile_config.to_dict() if compile_config is not None else model._default_compile_config().to_dict()
+    key = tuple(sorted((name, repr(value)) for name, value in options.items()))
+    kept = model.__dict__.get("_compiled_decode_and_update")
+    if kept is None or kept[0] != key:
+        kept = model.__dict__["_compiled_decode_and_update"] = (key, torch.compile(_decode_and_update, **options))
+    return kept[1]
 
 
 def _start(model, input_ids, logits_processor, stopping_criteria, generation_config, sentence_limits, rules, kwargs):
@@ -692,9 +783,11 @@ def _start(model, input_ids, logits_processor, stopping_criteria, generation_con
     score_dtype = torch.float64 if encoder_states.dtype == torch.float64 else torch.float32
     scores = torch.full((batch_size, K), -math.inf, dtype=score_dtype, device=device)
     scores[:, 0] = 0.0
+    sequences = input_ids.new_full((total_rows, search.width), pad_token_id)
+    sequences[:, :prompt_length] = input_ids
     alive = _Alive(
-        torch.arange(batch_size, device=device), input_ids, scores,
-        input_ids.new_empty(total_rows, 0) if search.keep_history else None,
+        torch.arange(batch_size, device=device), sequences, scores,
+        input_ids.new_empty(total_rows, 0) if search.keep_history else None, prompt_length,
     )  # fmt: skip
     finished = _Finished(
         scores=torch.full((batch_size, K), -math.inf, dtype=score_dtype, device=device),
@@ -798,18 +891,24 @@ def _top_candidates(search: _Search, alive: _Alive, log_probs: torch.Tensor, sco
     )
     tokens = indices % vocab_size
     stops = torch.isin(tokens, search.eos_ids)
-    generated = alive.sequences.shape[-1] + 1 - search.prompt_length
+    generated = alive.length + 1 - search.prompt_length
     if search.extra_criteria:
         sequences, _ = _grown(search, alive, rows, tokens)
+        sequences = sequences[:, : alive.length + 1]
         for criterion in search.extra_criteria:
             stops |= criterion(sequences, scores_so_far).view(num_active, 2 * K).to(stops.device)
     return _Candidates(scores, tokens, rows, stops, generated)
 
 
 def _grown(search: _Search, alive: _Alive, rows: torch.Tensor, tokens: torch.Tensor):
-    """Sequences (and beam_indices) of the running `rows` extended by `tokens`, flattened: (n * m, length + 1)."""
+    """Sequences (and beam_indices) of the running `rows` extended by `tokens`, flattened: (n * m, width) with
+    `length + 1` tokens (and (n * m, generated + 1))."""
     rows, tokens = rows.reshape(-1), tokens.reshape(-1, 1)
-    sequences = torch.cat([alive.sequences[rows], tokens], dim=-1)
+    sequences = alive.sequences[rows]
+    if isinstance(alive.length, torch.Tensor):  # in a compiled step's graph: one graph for every step
+        sequences.scatter_(1, alive.length.expand(rows.shape[0], 1), tokens)
+    else:
+        sequences[:, alive.length] = tokens[:, 0]
     if alive.history is None:
         return sequences, None
     K = search.num_beams
@@ -829,26 +928,38 @@ def _may_finish(search: _Search, finished: _Finished, alive: _Alive, candidates:
     return may_finish & (taken + may_finish.cumsum(-1) <= K)  # first come, first kept (fairseq's finalize_hypos)
 
 
-def _grow_finished(search: _Search, finished: _Finished, alive: _Alive, candidates: _Candidates, may_finish):
-    """Step 2b (t2t `grow_finished`): each sentence keeps the K best of its finished and newly finished hypotheses."""
-    merging = may_finish.any(-1).nonzero().squeeze(-1)
-    if merging.numel() == 0:
-        return
-    K, count = search.num_beams, merging.numel()
+def _grow_finished(
+    search: _Search, finished: _Finished, alive: _Alive, candidates: _Candidates, may_finish, branch_free: bool
+):
+    """Step 2b (t2t `grow_finished`): each sentence keeps the K best of its finished and newly finished hypotheses.
+    Only the sentences with a hypothesis to add, unless `branch_free` (the same operations every step: all)."""
+    if branch_free:
+        merging = torch.arange(may_finish.shape[0], device=may_finish.device)
+    else:
+        merging = may_finish.any(-1).nonzero().squeeze(-1)
+        if merging.numel() == 0:
+            return
+    K, count = search.num_beams, merging.shape[0]
     sentences = alive.active[merging]
     penalised = candidates.scores[merging] / gnmt_length_penalty(candidates.generated, search.alpha)
     penalised = penalised.masked_fill(~may_finish[merging], -math.inf)
     best_scores, best = torch.cat([finished.scores[sentences], penalised], dim=-1).topk(K, dim=-1)
     sequences, history = _grown(search, alive, candidates.rows[merging], candidates.tokens[merging])
-    lengths = finished.lengths.new_full((count, 2 * K), candidates.generated)
+    lengths = _filled(finished.lengths, (count, 2 * K), candidates.generated)
     _take(finished, sentences, best, best_scores, sequences.view(count, 2 * K, -1), history, lengths, search)
+
+
+def _filled(like: torch.Tensor, shape: tuple, value: int | torch.Tensor) -> torch.Tensor:
+    """A tensor of `shape` holding `value` (a number, or a 0-d tensor in a compiled step), of `like`'s kind."""
+    if isinstance(value, torch.Tensor):
+        return value.to(like.dtype).expand(shape)
+    return like.new_full(shape, value)
 
 
 def _take(finished: _Finished, sentences, best, best_scores, sequences, history, lengths, search: _Search):
     """Finished places of `sentences` := entries `best` of [their finished hypotheses, the given new ones]."""
     count, new = sequences.shape[:2]
     width = search.width
-    sequences = nn.functional.pad(sequences, (0, width - sequences.shape[-1]), value=search.pad_token_id)
     merged = torch.cat([finished.sequences[sentences], sequences], dim=1)
     finished.sequences[sentences] = merged.gather(1, best[:, :, None].expand(-1, -1, width))
     if history is not None:
@@ -867,7 +978,7 @@ def _grow_alive(search: _Search, alive: _Alive, candidates: _Candidates):
     scores = candidates.scores.gather(1, picks).masked_fill(candidates.stops.gather(1, picks), -math.inf)
     rows = candidates.rows.gather(1, picks)
     sequences, history = _grown(search, alive, rows, candidates.tokens.gather(1, picks))
-    return _Alive(alive.active, sequences, scores, history), rows.reshape(-1)
+    return _Alive(alive.active, sequences, scores, history, alive.length + 1), rows.reshape(-1)
 
 
 def _fill_with_alive_at_limit(search: _Search, finished: _Finished, alive: _Alive, at_limit, generated: int):
@@ -881,7 +992,7 @@ def _fill_with_alive_at_limit(search: _Search, finished: _Finished, alive: _Aliv
     best = torch.where((place >= taken) & at_limit[:, None], K + place - taken, place)
     new_scores = alive.scores / gnmt_length_penalty(generated, search.alpha)
     best_scores = torch.cat([kept, new_scores], dim=1).gather(1, best)
-    lengths = finished.lengths.new_full((count, K), generated)
+    lengths = _filled(finished.lengths, (count, K), generated)
     sequences = alive.sequences.view(count, K, -1)
     _take(finished, alive.active, best, best_scores, sequences, alive.history, lengths, search)
 
@@ -911,9 +1022,14 @@ class _StepOutputs:
         self.attentions = ((), ()) if wanted and generation_config.output_attentions else None
         self.hidden_states = () if wanted and generation_config.output_hidden_states else None
 
+    @property
+    def empty(self) -> bool:
+        """Nothing is recorded."""
+        return self.scores is None and self.logits is None and self.attentions is None and self.hidden_states is None
+
     def add(self, outputs, log_probs, logits, active: torch.Tensor, num_beams: int, running: torch.Tensor):
         """Records one step's outputs of the running sentences' rows (other rows: -inf scores and logits, else 0)."""
-        if self.scores is None and self.logits is None and self.attentions is None and self.hidden_states is None:
+        if self.empty:
             return
         rows = (active[:, None] * num_beams + torch.arange(num_beams, device=active.device)).view(-1)
         done_rows = ~running.repeat_interleave(num_beams)

@@ -27,9 +27,10 @@ sentences, e.g. test_2016_flickr.en) the weights and sources are real, and "natu
 (no eos bias); the first `--batch-size` lines are the batch.
 
 `--compiled` adds ours with a static cache and a compiled decoding step (the batch stays whole: no finished
-sentence leaves it), and MarianMTModel asked for the same (`cache_implementation="static"`, the same
-`compile_config`): transformers' beam search accepts both but compiles no step, so its row shows what a Marian user
-gets from asking.
+sentence leaves it; on a CPU the search's update is in the step's graph), the same with the search run uncompiled
+after the compiled step (on a CPU; the way before 2026-11-28), and MarianMTModel asked for the same
+(`cache_implementation="static"`, the same `compile_config`): transformers' beam search accepts both but compiles no
+step, so its row shows what a Marian user gets from asking.
 
 `--kernels` (CPU) adds a table of the decoder's linear layers alone, per weight shape: torch's product against
 oneDNN's on a packed copy of the weight, and the packing.
@@ -71,6 +72,7 @@ from vaswani_transformer import (
 )
 from vaswani_transformer.trainer import skip_cudnn_attention
 from vaswani_transformer import modeling_vaswani_transformer as modeling
+from vaswani_transformer import generation
 from vaswani_transformer.generation import SHARED_SOURCE_KERNELS
 
 
@@ -319,6 +321,9 @@ def main():
             **({"ours, static cache, compiled step": lambda **x: ours.generate(
                 **x, **common, cache_implementation="static", compile_config=compile_config
             )} if args.compiled else {}),
+            **({"ours, static cache, compiled step, search uncompiled": lambda **x: search_uncompiled(
+                ours.generate, **x, **common, cache_implementation="static", compile_config=compile_config
+            )} if args.compiled and device.type == "cpu" else {}),
             "MarianMTModel, early_stopping=True": lambda **x: marian.generate(
                 **x, **common, **hf_length, early_stopping=True
             ),
@@ -460,6 +465,15 @@ def source_copies(model, generate, **kwargs):
     finally:
         if shared:
             SHARED_SOURCE_KERNELS.add(kernel)
+
+
+def search_uncompiled(generate, **kwargs):
+    """`generate` with the search's update run uncompiled after a compiled step (`generation._SEARCH_COMPILES`)."""
+    generation._SEARCH_COMPILES = False
+    try:
+        return generate(**kwargs)
+    finally:
+        generation._SEARCH_COMPILES = True
 
 
 def first_call(model, generate, **kwargs):

@@ -594,7 +594,7 @@ def paper_beam_search(
             step += 1
             alive = _Alive(alive.active, sequences, scores, None, length + 1)
             # Outside the graph: inside it, after the step's own cache writes, inductor's graph gave other tokens.
-            _reorder_self_attention(cache, cache_rows)
+            _reorder_self_attention(cache, cache_rows, length)
             this_peer_finished = bool(done.all())
             continue
         # The first step reads the whole prompt (not compiled, as transformers' prefill); later ones one token.
@@ -662,7 +662,7 @@ def paper_beam_search(
             if cache is not None:
                 cache.cross_attention_cache.reorder_cache(source_rows)
         if cache is not None:
-            _reorder_self_attention(cache, cache_rows)
+            _reorder_self_attention(cache, cache_rows, length)
         this_peer_finished = bool(done.all())
 
     return _outputs(model, search, finished, record, generation_config, model_kwargs, use_cache)
@@ -827,8 +827,10 @@ def _rows_independent(logits_processor, stopping_criteria) -> bool:
     return all(type(item).__name__ in _ROW_INDEPENDENT for item in [*logits_processor, *stopping_criteria])
 
 
-def _reorder_self_attention(cache, rows: torch.Tensor) -> None:
-    """The self-attention cache's rows in the order of the new beams; a static cache's tensors stay where they are.
+def _reorder_self_attention(cache, rows: torch.Tensor, length: int) -> None:
+    """The self-attention cache's rows in the order of the new beams; a static cache's tensors stay where they are,
+    and only their first `length` positions, those written so far, move (at batch 16, copying all of them took 2.2 ms
+    a step on a 2-core VM).
 
     transformers' `reorder_cache` puts new tensors in a static layer's place: a compiled step's CUDA graphs (its
     "reduce-overhead" mode on a GPU) replay on the static addresses, and skip the graphs where they change.
@@ -839,8 +841,9 @@ def _reorder_self_attention(cache, rows: torch.Tensor) -> None:
         return
     for layer in self_attention.layers:
         if getattr(layer, "is_compileable", False) and layer.is_initialized:
-            layer.keys.copy_(layer.keys.index_select(0, rows))
-            layer.values.copy_(layer.values.index_select(0, rows))
+            keys, values = layer.keys[:, :, :length], layer.values[:, :, :length]
+            keys.copy_(keys.index_select(0, rows))
+            values.copy_(values.index_select(0, rows))
         else:
             layer.reorder_cache(rows)
 

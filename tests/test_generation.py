@@ -5,6 +5,8 @@ import json
 import math
 import os
 import shutil
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -1019,6 +1021,41 @@ def test_synced_gpus_gives_the_same_result(tmp_path):
         assert torch.equal(model.generate(**inputs, max_len_b=8, synced_gpus=True), expected)
     finally:
         dist.destroy_process_group()
+
+
+def test_synced_gpus_keeps_a_finished_process_stepping_past_its_own_length(tmp_path):
+    # Two processes (gloo): the first one's sentences stop after 3 tokens, the second's after 9, so the first keeps
+    # stepping along, repeating its last token, 6 steps past the width of its own search. Each returns what it
+    # returns alone.
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        import torch
+        import torch.distributed as dist
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_generation import random_sources, tiny_model
+
+        rank = int(sys.argv[1])
+        model = tiny_model(1)
+        inputs = random_sources(rank, lengths=(3, 5) if rank == 0 else (6, 4))
+        settings = dict(max_len_a=0, max_len_b=3 if rank == 0 else 9, suppress_tokens=[2])
+        alone = model.generate(**inputs, **settings)
+        dist.init_process_group("gloo", init_method="file://{tmp_path / 'rendezvous'}", rank=rank, world_size=2)
+        try:
+            synced = model.generate(**inputs, **settings, synced_gpus=True)
+        finally:
+            dist.destroy_process_group()
+        assert alone.shape[1] == (4 if rank == 0 else 10), alone.shape
+        assert torch.equal(synced, alone), (synced, alone)
+    """))
+    processes = [
+        subprocess.Popen([sys.executable, str(script), str(rank)], stderr=subprocess.PIPE, text=True) for rank in (0, 1)
+    ]
+    errors = [process.communicate(timeout=300)[1] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], errors
 
 
 # --- errors ----------------------------------------------------------------------------------------------------------

@@ -975,6 +975,23 @@ def test_a_compiled_step_with_the_search_in_its_graph_gives_the_eager_search_s_t
     assert torch.equal(compiled, expected)
 
 
+def test_the_search_in_a_compiled_step_follows_new_batch_shapes():
+    # transformers' default CompileConfig (dynamic=None): a second batch shape recompiles with symbolic sizes, which
+    # the search's fixed-width buffers and branch-free steps must trace as well.
+    from transformers import CompileConfig
+
+    model = tiny_model(3, eos_bias=1.5)
+    compile_config = CompileConfig(backend="eager")
+    compile_config._compile_all_devices = True
+    torch._dynamo.reset()
+    for seed, lengths in enumerate([(5, 2, 8, 4), (7,), (3, 9, 4), (6, 6)]):
+        inputs = random_sources(seed, lengths=lengths)
+        expected = model.generate(**inputs, max_len_b=6)
+        compiled = model.generate(**inputs, max_len_b=6, cache_implementation="static", compile_config=compile_config)
+        assert torch.equal(compiled, expected), lengths
+    assert "_compiled_decode_and_update" in model.__dict__
+
+
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor needs a C++ compiler")
 def test_the_search_compiled_by_inductor_gives_the_eager_search_s_tokens():
     # Inductor's own kernels, at the beam search benchmark's size (the Multi30k recipe's model, random weights), one

@@ -1013,6 +1013,18 @@ def test_the_search_compiled_by_inductor_gives_the_eager_search_s_tokens():
     assert torch.equal(compiled, expected)
 
 
+def test_a_model_that_decoded_with_a_compiled_step_pickles_and_decodes_the_same(tmp_path):
+    # generate keeps its compiled calls on the model (transformers' `_compiled_call`, our `_compiled_decode_and_update`)
+    # and torch.compile's wrappers cannot be pickled: `torch.save(model)` failed after any compiled decoding.
+    model = tiny_model(3, eos_bias=1.5)
+    inputs = random_sources(5)
+    expected, _ = _compiled_with_the_search(model, inputs, "eager", max_len_b=6)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert torch.equal(loaded.generate(**inputs, max_len_b=6), expected)
+    assert torch.equal(_compiled_with_the_search(loaded, inputs, "eager", max_len_b=6)[0], expected)
+
+
 def test_a_compiled_step_keeps_the_search_out_of_its_graph_where_steps_differ():
     # Per-step outputs (here scores) are recorded outside: the step alone is compiled, the search runs as always.
     model = tiny_model(3, eos_bias=1.5)

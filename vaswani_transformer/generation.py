@@ -724,6 +724,10 @@ def _search_compiles(search: _Search, logits_processor, suppressed, record, sync
     )
 
 
+# What `generate` keeps on a model between calls: torch.compile's wrappers, which pickling leaves out.
+COMPILED_CALLS = ("_compiled_call", "_compiled_decode_and_update")
+
+
 def _compiled_decode_and_update(model, compile_config):
     """`_decode_and_update` compiled with the `compile_config` transformers compiles the decoding step with, kept on
     the model as transformers keeps its compiled step (a new compiled callable would compile anew)."""

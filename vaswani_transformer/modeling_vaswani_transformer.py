@@ -34,7 +34,8 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani_transformer import VaswaniTransformerConfig
-from .generation import SHARED_SOURCE_KERNELS, VaswaniGenerationConfig, VaswaniGenerationMixin, source_padding_mask
+from .generation import COMPILED_CALLS, SHARED_SOURCE_KERNELS, VaswaniGenerationConfig, VaswaniGenerationMixin
+from .generation import source_padding_mask
 
 
 # 5.4 Dropout ---------------------------------------------------------------------------------------------------------
@@ -1054,13 +1055,15 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), "AutoModel": base}
         return super().save_pretrained(*args, **kwargs)
 
-    def get_compiled_call(self, compile_config):
-        """transformers' compiled `__call__` of this model, kept on it; a copy's own (`copy.deepcopy` copies the kept
-        one, still bound to the original model, whose weights the copy's compiled decoding steps would then run)."""
-        if self.__dict__.get("_compiled_call_of") != id(self):
-            self.__dict__.pop("_compiled_call", None)
-            self._compiled_call_of = id(self)  # (the original outlives a copy holding its compiled call: no id reuse)
-        return super().get_compiled_call(compile_config)
+    def __getstate__(self):
+        """Pickled (`torch.save(model)`, `copy.deepcopy`) without the compiled calls `generate` keeps on it, as torch
+        leaves out `Module.compile`'s: they cannot be pickled, and a copy kept transformers' `_compiled_call`, bound to
+        the original model, whose weights the copy's compiled steps then ran. A loaded or copied model compiles its
+        own when it decodes."""
+        state = super().__getstate__()
+        for name in COMPILED_CALLS:
+            state.pop(name, None)
+        return state
 
     def generate(self, *args, **kwargs):
         """`VaswaniGenerationMixin.generate` (the paper's beam search by default) with `packed_cpu_weights`."""

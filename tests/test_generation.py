@@ -992,6 +992,25 @@ def test_the_search_in_a_compiled_step_follows_new_batch_shapes():
     assert "_compiled_decode_and_update" in model.__dict__
 
 
+def test_the_search_in_a_compiled_step_steps_aside_at_torch_s_recompile_limit():
+    # Every model and every setting of the search (beams, rules, lengths, batch shapes) compile one function, whose
+    # graphs count against torch's recompile limit (8 per function): past it, with fullgraph=True, generate failed.
+    # It now goes on with the compiled step alone, the search outside its graph (here, the limit lowered to 1).
+    from transformers import CompileConfig
+
+    model = tiny_model(3, eos_bias=1.5)
+    inputs = random_sources(5)
+    compile_config = CompileConfig(fullgraph=True, backend="eager")
+    compile_config._compile_all_devices = True
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for settings in (dict(max_len_b=6), dict(max_len_b=6, num_beams=3), dict(max_len_b=6, num_beams=3)):
+            expected = model.generate(**inputs, **settings)
+            compiled = model.generate(**inputs, **settings, cache_implementation="static",
+                                      compile_config=compile_config)  # fmt: skip
+            assert torch.equal(compiled, expected), settings
+
+
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor needs a C++ compiler")
 def test_the_search_compiled_by_inductor_gives_the_eager_search_s_tokens():
     # Inductor's own kernels, at the beam search benchmark's size (the Multi30k recipe's model, random weights), one

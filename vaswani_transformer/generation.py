@@ -48,7 +48,10 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
+from transformers.utils import logging
 
+
+logger = logging.get_logger(__name__)
 
 # Attention kernels whose cross-attention lets a source row serve several consecutive target rows (its beams): the
 # model groups their queries (`modeling_vaswani_transformer._grouped_queries`); under others the decoder copies it.
@@ -588,9 +591,15 @@ def paper_beam_search(
         if step_and_update and step > 0:
             length = alive.length
             alive.length = torch.tensor(length, device=device)
-            sequences, scores, cache_rows = _compiled_decode_and_update(model, generation_config.compile_config)(
-                model, search, alive, finished, done, encoder_states, attention_mask, cache, suppressed
-            )
+            try:
+                sequences, scores, cache_rows = _compiled_decode_and_update(model, generation_config.compile_config)(
+                    model, search, alive, finished, done, encoder_states, attention_mask, cache, suppressed
+                )
+            except torch._dynamo.exc.FailOnRecompileLimitHit:  # (raised before the graph runs: nothing has changed)
+                alive.length = length
+                step_and_update = False
+                logger.warning_once(_AT_THE_RECOMPILE_LIMIT)
+                continue
             step += 1
             alive = _Alive(alive.active, sequences, scores, None, length + 1)
             # Outside the graph: inside it, after the step's own cache writes, inductor's graph gave other tokens.
@@ -723,6 +732,11 @@ def _search_compiles(search: _Search, logits_processor, suppressed, record, sync
         and not synced_gpus
     )
 
+
+_AT_THE_RECOMPILE_LIMIT = (
+    "The decoding step compiled with the beam search's update has reached torch._dynamo.config.recompile_limit (one "
+    "function for every model and search setting): the compiled step runs alone, the search outside its graph."
+)
 
 # What `generate` keeps on a model between calls: torch.compile's wrappers, which pickling leaves out.
 COMPILED_CALLS = ("_compiled_call", "_compiled_decode_and_update")

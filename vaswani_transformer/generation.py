@@ -595,7 +595,7 @@ def paper_beam_search(
                 sequences, scores, cache_rows = _compiled_decode_and_update(model, generation_config.compile_config)(
                     model, search, alive, finished, done, encoder_states, attention_mask, cache, suppressed
                 )
-            except torch._dynamo.exc.FailOnRecompileLimitHit:  # (raised before the graph runs: nothing has changed)
+            except _recompile_limit_errors():  # (raised before the graph runs: nothing has changed)
                 alive.length = length
                 step_and_update = False
                 logger.warning_once(_AT_THE_RECOMPILE_LIMIT)
@@ -737,6 +737,12 @@ _AT_THE_RECOMPILE_LIMIT = (
     "The decoding step compiled with the beam search's update has reached torch._dynamo.config.recompile_limit (one "
     "function for every model and search setting): the compiled step runs alone, the search outside its graph."
 )
+
+def _recompile_limit_errors() -> tuple[type[Exception], ...]:
+    """torch's error at a function's recompile limit under fullgraph=True (its name in torch 2.13; none if absent)."""
+    error = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None)
+    return (error,) if error is not None else ()
+
 
 # What `generate` keeps on a model between calls: torch.compile's wrappers, which pickling leaves out.
 COMPILED_CALLS = ("_compiled_call", "_compiled_decode_and_update")

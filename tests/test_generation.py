@@ -1015,7 +1015,8 @@ def test_the_search_in_a_compiled_step_steps_aside_at_torch_s_recompile_limit():
 def test_the_search_compiled_by_inductor_gives_the_eager_search_s_tokens():
     # Inductor's own kernels, at the beam search benchmark's size (the Multi30k recipe's model, random weights), one
     # sentence, 24 tokens. With the static cache's reordering inside the same graph, after the step had written the
-    # cache, this gave other tokens from the fifth step on (not at smaller sizes): the reordering stays outside.
+    # cache, this gave other tokens from the fifth step on (torch 2.13's inductor gathered the cache's rows in place,
+    # reading rows it had already overwritten): the reordering stays outside.
     torch.manual_seed(0)
     size = dict(d_model=256, encoder_layers=3, decoder_layers=3, num_heads=4, d_ff=1024)
     model = VaswaniTransformerForConditionalGeneration(

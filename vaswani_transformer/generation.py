@@ -602,7 +602,8 @@ def paper_beam_search(
                 continue
             step += 1
             alive = _Alive(alive.active, sequences, scores, None, length + 1)
-            # Outside the graph: inside it, after the step's own cache writes, inductor's graph gave other tokens.
+            # Outside the graph: inside it, after the step's own cache writes, torch 2.13's inductor gathered the
+            # rows in place, reading rows it had already overwritten (README, "The cause, pinned down").
             _reorder_self_attention(cache, cache_rows, length)
             this_peer_finished = bool(done.all())
             continue

@@ -1033,6 +1033,22 @@ def test_the_search_compiled_by_inductor_gives_the_eager_search_s_tokens():
     assert torch.equal(compiled, expected)
 
 
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor needs a C++ compiler")
+def test_the_search_compiled_by_inductor_merges_finished_hypotheses_as_the_eager_search_does():
+    # The test above never finishes a hypothesis before the limit. Here </s> is likelier, so four sentences finish
+    # at different steps and their finished sets merge with new ones every step: gathers from tensors the graph also
+    # writes, the pattern torch 2.13's inductor compiled wrongly for the static cache (README, "The cause").
+    model = tiny_model(3, eos_bias=0.8)
+    inputs = random_sources(5)
+    settings = dict(max_len_b=6, num_return_sequences=2)
+    expected = model.generate(**inputs, **settings)
+    ended = (expected == EOS).any(dim=1)
+    assert len(set((expected != PAD).sum(dim=1)[ended].tolist())) >= 3  # (finished at three different steps)
+    compiled, graphs = _compiled_with_the_search(model, inputs, "inductor", **settings)
+    assert graphs == 1
+    assert torch.equal(compiled, expected)
+
+
 def test_a_model_that_decoded_with_a_compiled_step_pickles_and_decodes_the_same(tmp_path):
     # generate keeps its compiled calls on the model (transformers' `_compiled_call`, our `_compiled_decode_and_update`)
     # and torch.compile's wrappers cannot be pickled: `torch.save(model)` failed after any compiled decoding.

@@ -739,6 +739,7 @@ _AT_THE_RECOMPILE_LIMIT = (
     "function for every model and search setting): the compiled step runs alone, the search outside its graph."
 )
 
+
 def _recompile_limit_errors() -> tuple[type[Exception], ...]:
     """torch's error at a function's recompile limit under fullgraph=True (its name in torch 2.13; none if absent)."""
     error = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None)

@@ -1011,6 +1011,21 @@ def test_the_search_in_a_compiled_step_steps_aside_at_torch_s_recompile_limit():
             assert torch.equal(compiled, expected), settings
 
 
+def test_the_search_in_a_compiled_step_leaves_a_done_sentence_s_finished_places_in_their_order():
+    # t2t at a sentence's limit: its running beams take the finished places left empty, after the finished ones (so a
+    # sentence with a finished hypothesis returns it, as t2t does), whatever their penalised scores. The branch-free
+    # merge of the next step re-sorted that done sentence's places: with a large length penalty, which favours the
+    # longer beams, a beam cut at the limit came first instead of the sentence's one finished hypothesis.
+    model = tiny_model(3, eos_bias=0.8)
+    inputs = random_sources(5)
+    settings = dict(max_len_b=6, length_penalty=3.5)
+    expected = model.generate(**inputs, **settings)
+    assert expected[1, 1] == EOS  # (the second sentence's one finished hypothesis: </s> first)
+    compiled, graphs = _compiled_with_the_search(model, inputs, "eager", **settings)
+    assert graphs == 1
+    assert torch.equal(compiled, expected)
+
+
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor needs a C++ compiler")
 def test_the_search_compiled_by_inductor_gives_the_eager_search_s_tokens():
     # Inductor's own kernels, at the beam search benchmark's size (the Multi30k recipe's model, random weights), one

@@ -972,7 +972,12 @@ def _grow_finished(
     sentences = alive.active[merging]
     penalised = candidates.scores[merging] / gnmt_length_penalty(candidates.generated, search.alpha)
     penalised = penalised.masked_fill(~may_finish[merging], -math.inf)
-    best_scores, best = torch.cat([finished.scores[sentences], penalised], dim=-1).topk(K, dim=-1)
+    kept = finished.scores[sentences]
+    best_scores, best = torch.cat([kept, penalised], dim=-1).topk(K, dim=-1)
+    if branch_free:  # a sentence with nothing to add keeps its places as they are (t2t's fill leaves them unsorted)
+        adds = may_finish[merging].any(-1, keepdim=True)
+        best = torch.where(adds, best, torch.arange(K, device=best.device))
+        best_scores = torch.where(adds, best_scores, kept)
     sequences, history = _grown(search, alive, candidates.rows[merging], candidates.tokens[merging])
     lengths = _filled(finished.lengths, (count, 2 * K), candidates.generated)
     _take(finished, sentences, best, best_scores, sequences.view(count, 2 * K, -1), history, lengths, search)

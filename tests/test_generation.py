@@ -1026,6 +1026,38 @@ def test_the_search_in_a_compiled_step_leaves_a_done_sentence_s_finished_places_
     assert torch.equal(compiled, expected)
 
 
+def test_a_search_runs_its_compiled_graph_without_dynamo_s_guard_check_once_two_steps_passed_it():
+    # dynamo checks its guards (the model, the cache, the search's state) at every call of a compiled function: a
+    # tenth of a batch-1 step on a CPU. A search's steps now look the graph up themselves, and once two steps in a row
+    # passed the same graph's guards, the later ones run it unchecked: one call through dynamo per search, not one per
+    # step, and the same tokens. Under a compiler stance (here "force_eager") every step goes through dynamo.
+    from transformers import CompileConfig
+
+    model = tiny_model(3, eos_bias=1.5)
+    inputs = random_sources(5)
+    settings = dict(max_new_tokens=10, suppress_tokens=[EOS])  # (9 compiled steps after the uncompiled first)
+    expected = model.generate(**inputs, **settings)
+    _compiled_with_the_search(model, inputs, "eager", **settings)
+    key, compiled = model.__dict__["_compiled_decode_and_update"]
+    calls = []
+
+    def through_dynamo(*args):
+        calls.append(args)
+        return compiled(*args)
+
+    model.__dict__["_compiled_decode_and_update"] = (key, through_dynamo)
+    output, graphs = _compiled_with_the_search(model, inputs, "eager", **settings)
+    assert torch.equal(output, expected) and graphs == 1
+    assert len(calls) == 1
+    calls.clear()
+    compile_config = CompileConfig(fullgraph=True, backend="eager")
+    compile_config._compile_all_devices = True
+    with torch.compiler.set_stance("force_eager"):  # (the graph compiled above is still there)
+        output = model.generate(**inputs, **settings, cache_implementation="static", compile_config=compile_config)
+    assert torch.equal(output, expected)
+    assert len(calls) == 9
+
+
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor needs a C++ compiler")
 def test_the_search_compiled_by_inductor_gives_the_eager_search_s_tokens():
     # Inductor's own kernels, at the beam search benchmark's size (the Multi30k recipe's model, random weights), one

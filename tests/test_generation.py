@@ -1028,9 +1028,10 @@ def test_the_search_in_a_compiled_step_leaves_a_done_sentence_s_finished_places_
 
 def test_a_search_runs_its_compiled_graph_without_dynamo_s_guard_check_once_two_steps_passed_it():
     # dynamo checks its guards (the model, the cache, the search's state) at every call of a compiled function: a
-    # tenth of a batch-1 step on a CPU. A search's steps now look the graph up themselves, and once two steps in a row
-    # passed the same graph's guards, the later ones run it unchecked: one call through dynamo per search, not one per
-    # step, and the same tokens. Under a compiler stance (here "force_eager") every step goes through dynamo.
+    # tenth of a batch-1 step on a CPU. A search's steps now look the graph up themselves (through dynamo where none
+    # passes, to compile one), and once two steps in a row passed the same graph's guards, the later ones run it
+    # unchecked: one call through dynamo per search here, not one per step, and the same tokens. Under a compiler
+    # stance (here "force_eager") every step goes through dynamo.
     from transformers import CompileConfig
 
     model = tiny_model(3, eos_bias=1.5)

@@ -751,24 +751,23 @@ def _recompile_limit_errors() -> tuple[type[Exception], ...]:
 
 
 class _ChecksUntilSteady:
-    """A search's calls of the compiled `_decode_and_update`, with dynamo's guard check (~0.3-0.5 ms a step at batch 1
-    on a CPU, a tenth of the step) until it is redundant. The first call goes through dynamo (it may compile). From
-    the second, each call looks up the graph whose guards its arguments pass (`_graph_passing`); once two calls in a
-    row passed the same graph, later calls run it unchecked: their arguments are the same objects and the tensors that
-    graph returned from arguments that passed its guards, of the same kind. Thread-safe, unlike
+    """A search's calls of the compiled `_decode_and_update`, with dynamo's guard check (~0.3-0.8 ms a step at batch 1
+    on a CPU, a tenth of the step) until it is redundant. Each call looks up the graph whose guards its arguments pass
+    (`_graph_passing`; none: through dynamo, which compiles one). Once two calls in a row passed the same graph, the
+    later calls run it unchecked: their arguments are the same objects, mutated in place, and the tensors that graph
+    returned from arguments that passed its guards, so of the kind that passed them (the branch-free steps change no
+    Python state that dynamo guards: one graph for every step). Per search, so thread-safe, unlike
     `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`, which is global to the process."""
 
     def __init__(self, compiled):
         self.compiled = compiled
-        self.calls = 0
-        self.graph = None  # the graph the last call passed, if looked up
+        self.graph = None  # the graph the last call passed
         self.steady = False
 
     def __call__(self, *args):
         if self.steady:
             return self.graph(*args)
-        self.calls += 1
-        graph = _graph_passing(args) if self.calls > 1 else None
+        graph = _graph_passing(args)
         self.steady = graph is not None and self.graph is not None and graph.__code__ is self.graph.__code__
         self.graph = graph
         return graph(*args) if graph is not None else self.compiled(*args)

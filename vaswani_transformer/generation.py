@@ -786,10 +786,14 @@ def _graph_passing(args):
     if cache_entries is None or stance != "default" or torch._dynamo.config.disable:
         return None
     arguments = _DECODE_AND_UPDATE_SIGNATURE.bind(*args).arguments
+    original = _decode_and_update.__code__
     try:
-        for entry in cache_entries(_decode_and_update.__code__):
+        for entry in cache_entries(original):
+            code = entry.code
+            if code.co_freevars or code.co_varnames[: code.co_argcount] != original.co_varnames[: original.co_argcount]:
+                return None  # (not the frame's own code with the same arguments, as torch 2.13 makes it)
             if entry.guard_manager.check(arguments):
-                return types.FunctionType(entry.code, _decode_and_update.__globals__)
+                return types.FunctionType(code, _decode_and_update.__globals__)
     except (AttributeError, TypeError):  # another torch's cache entries
         return None
     return None

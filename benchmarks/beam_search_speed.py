@@ -431,7 +431,7 @@ def kernel_rows(model, rows: int) -> list[list]:
     """Per distinct weight shape of the decoder's linear layers (the output layer included): torch's product, oneDNN's
     on W as stored (a layer's first uses in a `generate` call, where `modeling.linear` takes it) and on a packed
     copy, the packed one's speed-up and the packing itself, in ms (what `packed_cpu_weights` trades)."""
-    from vaswani_transformer.modeling_vaswani_transformer import _PACK_MIN_WEIGHTS
+    from vaswani_transformer.modeling_vaswani_transformer import _PACK_MIN_WEIGHTS, _PACK_MIN_WEIGHTS_BF16
 
     layers = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
     layers.append(model.get_output_embeddings())
@@ -442,13 +442,14 @@ def kernel_rows(model, rows: int) -> list[list]:
     with torch.no_grad():
         for (out_features, in_features), same in shapes.items():
             weight, bias = same[0].weight, same[0].bias
-            x = torch.randn(rows, in_features)
+            x = torch.randn(rows, in_features, dtype=weight.dtype)
             packed = torch.ops.mkldnn._reorder_linear_weight(weight)
             plain = median_ms(lambda: torch.nn.functional.linear(x, weight, bias), 50)
             stored = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], ""), 50)
             fast = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""), 50)
             packing = median_ms(lambda: torch.ops.mkldnn._reorder_linear_weight(weight), 5)
-            note = "" if weight.numel() >= _PACK_MIN_WEIGHTS else " (not packed: too small)"
+            least = _PACK_MIN_WEIGHTS_BF16 if weight.dtype == torch.bfloat16 else _PACK_MIN_WEIGHTS
+            note = "" if weight.numel() >= least else " (not packed: too small)"
             table.append([f"{out_features} x {in_features}{note}", len(same), f"{plain:.3f}", f"{stored:.3f}",
                           f"{fast:.3f}", f"{plain / fast:.2f}x", f"{packing:.2f}"])  # fmt: skip
     return table

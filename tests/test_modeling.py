@@ -20,7 +20,7 @@ from vaswani_transformer import (
     sinusoidal_position_encoding,
 )
 
-from helpers import tiny_config, tiny_model
+from helpers import cpu_flags, tiny_config, tiny_model
 
 PAD = 0
 
@@ -967,9 +967,10 @@ def _sdpa_kernel_calls_and_logits(model, source, decoder_input_ids):
 
 def test_one_query_attention_on_a_cpu_is_equation_1_written_out_and_as_close_to_float64_as_sdpa():
     """A decoding step's attention (one query per row) on a CPU, over >= 16 keys and >= 256 rows x keys, is equation
-    (1) written out, not torch's SDPA kernel (1.2-1.7x slower there in float32, 2-9x in bf16): in bf16 its logits are
-    as close to float64's as SDPA's are, in float32 equal to SDPA's to rounding. Several queries (the encoder), few
-    keys (the decoder's first self-attention) and few rows (one sentence's beams) keep SDPA."""
+    (1) written out, not torch's SDPA kernel (1.2-1.7x slower there in float32, 2-9x in bf16 without AMX): in bf16 its
+    logits are as close to float64's as SDPA's are, in float32 equal to SDPA's to rounding. In bf16 on a CPU with AMX
+    tiles (where SDPA's kernel is the faster) it stays SDPA. Several queries (the encoder), few keys (the decoder's
+    first self-attention) and few rows (one sentence's beams) keep SDPA."""
     AttentionInterface.register("vaswani_test_sdpa_every_step", sdpa_attention_forward)
     AttentionMaskInterface.register("vaswani_test_sdpa_every_step", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     model = tiny_model(seed=7, d_model=64, num_heads=2)  # 2 + 2 layers
@@ -979,6 +980,9 @@ def test_one_query_attention_on_a_cpu_is_equation_1_written_out_and_as_close_to_
     for dtype in (torch.bfloat16, torch.float32):
         typed = copy.deepcopy(model).to(dtype)
         calls, logits = _sdpa_kernel_calls_and_logits(typed, source, step)
+        if dtype == torch.bfloat16 and "amx_tile" in cpu_flags():
+            assert calls == 2 + 2 * 2  # SDPA throughout
+            continue
         assert calls == 2 + 2  # the encoder's and the decoder's self-attention; cross-attention (20 keys) written out
         typed.set_attn_implementation("vaswani_test_sdpa_every_step")  # torch's SDPA for every attention
         sdpa_calls, sdpa_logits = _sdpa_kernel_calls_and_logits(typed, source, step)
@@ -996,7 +1000,8 @@ def test_one_query_attention_on_a_cpu_is_equation_1_written_out_and_as_close_to_
 def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_fourth_use():
     """Inside `packed_cpu_weights`, under no_grad: the first three calls multiply as stored, later ones on one packed
     copy; each equals x W^T + b in float64, for an empty batch, a few rows, a 3-D and a non-contiguous input, in float32 and
-    bf16. Outside the block, with autograd on, under autocast, or for a weight under 512 x 512, nothing is packed."""
+    bf16. Outside the block, with autograd on, under autocast, or for a weight under 512 x 512 (in bf16, under 128 x 128),
+    nothing is packed."""
     from vaswani_transformer.modeling_vaswani_transformer import _PACKED_WEIGHTS, linear, packed_cpu_weights
 
     torch.manual_seed(0)
@@ -1026,6 +1031,16 @@ def test_linear_on_packed_weights_is_xw_plus_b_in_float64_and_packs_from_the_fou
         for _ in range(5):
             torch.testing.assert_close(linear(small, x), x @ small.weight.T + small.bias)
         assert not _PACKED_WEIGHTS.get()
+    if torch.bfloat16 in dtypes:  # bf16 has no MKL path to beat: packed from 128 x 128 entries
+        for features, packed in ((256, True), (128, True), (64, False)):
+            square = torch.nn.Linear(features, features).bfloat16()
+            w, b = square.weight.detach().double(), square.bias.detach().double()
+            with torch.no_grad(), packed_cpu_weights():
+                for _ in range(5):
+                    x = torch.randn(4, features).bfloat16()
+                    y = linear(square, x)
+                    torch.testing.assert_close(y.double(), x.double() @ w.T + b, rtol=2e-2, atol=2e-2)
+                assert torch.is_tensor(_PACKED_WEIGHTS.get().get(square)) == packed, features
 
     layer.float()
     x = torch.randn(7, 512)

@@ -97,6 +97,10 @@ def cpuinfo_field(name: str) -> str:
 # (2^19: 1.03-1.11x); on AMD CPUs MKL takes a slower path and packing pays from 512 x 512 (1.4x).
 _CPU_VENDOR = cpuinfo_field("vendor_id")
 _PACK_MIN_WEIGHTS = 1 << 19 if _CPU_VENDOR == "GenuineIntel" else 1 << 18
+# bf16 has no MKL path: W as stored goes through oneDNN too, reordered at every call, so packing pays from 128 x 128
+# (1.2-2x at 1-256 rows, Intel Xeon, on AMX and on oneDNN's AVX-512 bf16 code alike); below, one row may take a
+# lighter path (64 x 64: 5 against 24 us).
+_PACK_MIN_WEIGHTS_BF16 = 1 << 14
 # Packed at a layer's 4th use in a call: by then its plain products have cost about what packing costs (base's output
 # layer: 3 x 20 ms against 93 ms), so a short output never pays much more than it would have without packing.
 _PACK_AT_USE = 4
@@ -179,9 +183,10 @@ def _onednn_may_multiply(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear` may multiply on a packed weight: oneDNN here and allowed (`_onednn_may_multiply`), no autograd,
-    float32 or a bf16 that oneDNN supports here, a weight worth packing."""
+    float32 or a bf16 that oneDNN supports here, a weight worth packing (`_PACK_MIN_WEIGHTS`, in bf16
+    `_PACK_MIN_WEIGHTS_BF16`)."""
     return (  # the size first: it rules out most layers
-        weight.numel() >= _PACK_MIN_WEIGHTS
+        weight.numel() >= (_PACK_MIN_WEIGHTS_BF16 if weight.dtype == torch.bfloat16 else _PACK_MIN_WEIGHTS)
         and _HAS_ONEDNN_LINEAR
         and not torch.is_grad_enabled()
         and x.dtype == weight.dtype
@@ -299,11 +304,12 @@ def _product_operands(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """xW^T + b of an `nn.Linear` layer, `layer(x)`. Where that is the product alone (`_product_operands`), on a CPU:
     inside `packed_cpu_weights`, from its fourth use on (from the first where an earlier block's copy matches W),
-    through oneDNN on a packed copy of W (of at least 512 x 512 entries, 512 x 1024 on Intel CPUs): MKL's product on W
-    as stored is 1.1-3x slower on x86, most at the few rows of a beam search step and the largest W. In float32 on AMD
-    (and other non-Intel) AVX-512 CPUs, where MKL takes its AVX2 path, through oneDNN on W as stored otherwise,
-    training's gradients included. The layers stay `nn.Linear`, so that torch's dynamic quantization, PEFT,
-    bitsandbytes and hooks find and replace or watch them as in any model."""
+    through oneDNN on a packed copy of W (of at least 512 x 512 entries, 512 x 1024 on Intel CPUs; in bf16 128 x 128):
+    MKL's product on W as stored is 1.1-3x slower on x86, most at the few rows of a beam search step and the largest W
+    (in bf16, oneDNN's on W as stored, 1.2-2x). In float32 on AMD (and other non-Intel) AVX-512 CPUs, where MKL takes
+    its AVX2 path, through oneDNN on W as stored otherwise, training's gradients included. The layers stay
+    `nn.Linear`, so that torch's dynamic quantization, PEFT, bitsandbytes and hooks find and replace or watch them as
+    in any model."""
     operands = _product_operands(layer)
     if operands is None:
         return layer(x)
@@ -507,10 +513,15 @@ def eager_attention_forward(
     return output, weights
 
 
+# torch's CPU SDPA kernel multiplies bf16 on AMX tiles where the CPU has them (Intel Xeons since Sapphire Rapids)
+_AMX_TILES = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+
+
 def _one_query_faster_eager(query: torch.Tensor, key: torch.Tensor) -> bool:
     """Whether equation (1) written out beats torch's SDPA kernel: one query per row (a decoding step) on a CPU, over
-    16 keys or more and 256 rows x keys or more, where SDPA's kernel is 1.2-1.7x slower in float32 and 2-9x in bf16;
-    at fewer keys or rows (one sentence's beams) its single call costs less than the written-out ops
+    16 keys or more and 256 rows x keys or more, where SDPA's kernel is 1.2-1.7x slower in float32 and, without AMX,
+    2-9x in bf16 (Zen 5); at fewer keys or rows (one sentence's beams) its single call costs less than the written-out
+    ops. In bf16 on a CPU with AMX, SDPA's kernel is 1.3-7x the faster at every such shape (Intel Xeon)
     (`benchmarks/beam_search_speed.py --attention`)."""
     keys = key.shape[-2]
     return (
@@ -518,6 +529,7 @@ def _one_query_faster_eager(query: torch.Tensor, key: torch.Tensor) -> bool:
         and query.device.type == "cpu"
         and keys >= 16
         and query.shape[0] * keys >= 256
+        and not (query.dtype == torch.bfloat16 and _AMX_TILES)
         and not is_torchdynamo_compiling()
     )
 

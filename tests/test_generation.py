@@ -1039,14 +1039,14 @@ def test_a_search_runs_its_compiled_graph_without_dynamo_s_guard_check_once_two_
     settings = dict(max_new_tokens=10, suppress_tokens=[EOS])  # (9 compiled steps after the uncompiled first)
     expected = model.generate(**inputs, **settings)
     _compiled_with_the_search(model, inputs, "eager", **settings)
-    key, compiled = model.__dict__["_compiled_decode_and_update"]
+    key, compiled, backend = model.__dict__["_compiled_decode_and_update"]
     calls = []
 
     def through_dynamo(*args):
         calls.append(args)
         return compiled(*args)
 
-    model.__dict__["_compiled_decode_and_update"] = (key, through_dynamo)
+    model.__dict__["_compiled_decode_and_update"] = (key, through_dynamo, backend)
     output, graphs = _compiled_with_the_search(model, inputs, "eager", **settings)
     assert torch.equal(output, expected) and graphs == 1
     assert len(calls) == 1
@@ -1057,6 +1057,40 @@ def test_a_search_runs_its_compiled_graph_without_dynamo_s_guard_check_once_two_
         output = model.generate(**inputs, **settings, cache_implementation="static", compile_config=compile_config)
     assert torch.equal(output, expected)
     assert len(calls) == 9
+
+
+def test_a_search_runs_the_graph_of_its_own_compile_config_not_one_another_config_compiled():
+    # The search's own lookup of its graph (above) matched guards only, so a second compile config in the same process
+    # (another backend, mode or options: e.g. "aot_eager" to check inductor's graph) ran the first one's graph and
+    # never compiled its own. Dynamo keeps one cache entry per backend; the lookup now takes only its own backend's.
+    from transformers import CompileConfig
+
+    model = tiny_model(3, eos_bias=1.5)
+    inputs = random_sources(5)
+    settings = dict(max_new_tokens=10, suppress_tokens=[EOS])  # (9 compiled steps after the uncompiled first)
+    expected = model.generate(**inputs, **settings)
+    compiled, ran = {"first": 0, "second": 0}, {"first": 0, "second": 0}
+
+    def counting_backend(name):
+        def backend(graph_module, example_inputs, **options):
+            compiled[name] += 1
+
+            def run(*args):
+                ran[name] += 1
+                return graph_module.forward(*args)
+
+            return run
+
+        return backend
+
+    configs = {name: CompileConfig(fullgraph=True, backend=counting_backend(name), mode=None) for name in ran}
+    torch._dynamo.reset()
+    for name in ("first", "second", "first"):
+        configs[name]._compile_all_devices = True
+        output = model.generate(**inputs, **settings, cache_implementation="static", compile_config=configs[name])
+        assert torch.equal(output, expected)
+    assert compiled == {"first": 1, "second": 1}
+    assert ran == {"first": 2 * 9, "second": 9}
 
 
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor needs a C++ compiler")

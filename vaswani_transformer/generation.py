@@ -590,7 +590,7 @@ def paper_beam_search(
         search, logits_processor, suppressed, record, paper_synced_gpus, rows_can_change, decoder_prompt_mask, device
     )
     if step_and_update:
-        decode_and_update = _ChecksUntilSteady(_compiled_decode_and_update(model, generation_config.compile_config))
+        decode_and_update = _ChecksUntilSteady(*_compiled_decode_and_update(model, generation_config.compile_config))
     while model._has_unfinished_sequences(this_peer_finished, paper_synced_gpus, device=device):
         if step_and_update and step > 0:
             length = alive.length
@@ -759,15 +759,16 @@ class _ChecksUntilSteady:
     Python state that dynamo guards: one graph for every step). Per search, so thread-safe, unlike
     `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`, which is global to the process."""
 
-    def __init__(self, compiled):
+    def __init__(self, compiled, backend):
         self.compiled = compiled
+        self.backend = backend  # only its graphs (`_dynamo_backend`): another compile config's are not this one's
         self.graph = None  # the graph the last call passed
         self.steady = False
 
     def __call__(self, *args):
         if self.steady:
             return self.graph(*args)
-        graph = _graph_passing(args)
+        graph = _graph_passing(args, self.backend) if self.backend is not None else None
         self.steady = graph is not None and self.graph is not None and graph.__code__ is self.graph.__code__
         self.graph = graph
         return graph(*args) if graph is not None else self.compiled(*args)
@@ -776,11 +777,25 @@ class _ChecksUntilSteady:
 _DECODE_AND_UPDATE_SIGNATURE = inspect.signature(_decode_and_update)
 
 
-def _graph_passing(args):
-    """The compiled code torch.compile holds for `_decode_and_update` whose guards `args` pass, as a function that
-    runs it without checking them again (dynamo's own cache lookup, as its "fail_on_recompile" stance reads it); None
-    where no graph passes, where dynamo is disabled or a compiler stance other than the default is set, or where this
-    torch keeps its cache otherwise."""
+def _dynamo_backend(compiled) -> object | None:
+    """The backend dynamo matches its cache entries against when `compiled` (`torch.compile` of a function) is called:
+    its callback's innermost `_torchdynamo_orig_backend`, as dynamo's own lookup finds it; None where this torch's
+    compiled functions hold it otherwise."""
+    try:
+        cells = dict(zip(compiled.__code__.co_freevars, (cell.cell_contents for cell in compiled.__closure__ or ())))
+        backend = cells["self"].callback
+    except (AttributeError, KeyError, ValueError):
+        return None
+    while hasattr(backend, "_torchdynamo_orig_backend"):
+        backend = backend._torchdynamo_orig_backend
+    return backend
+
+
+def _graph_passing(args, backend):
+    """The code torch.compile holds for `_decode_and_update`, compiled by `backend` (`_dynamo_backend`), whose guards
+    `args` pass, as a function that runs it without checking them again (dynamo's own cache lookup, as its
+    "fail_on_recompile" stance reads it); None where no graph passes, where dynamo is disabled or a compiler stance
+    other than the default is set, or where this torch keeps its cache otherwise."""
     cache_entries = getattr(torch._C._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
     stance = getattr(getattr(torch._dynamo.eval_frame, "_stance", None), "stance", None)
     if cache_entries is None or stance != "default" or torch._dynamo.config.disable:
@@ -792,7 +807,10 @@ def _graph_passing(args):
             code = entry.code
             if code.co_freevars or code.co_varnames[: code.co_argcount] != original.co_varnames[: original.co_argcount]:
                 return None  # (not the frame's own code with the same arguments, as torch 2.13 makes it)
-            if entry.guard_manager.check(arguments):
+            same_backend = entry.backend is backend or (
+                type(entry.backend) is type(backend) and entry.backend == backend
+            )  # dynamo's own test (two torch.compile calls with the same options share graphs)
+            if same_backend and entry.guard_manager.check(arguments):
                 return types.FunctionType(code, _decode_and_update.__globals__)
     except (AttributeError, TypeError):  # another torch's cache entries
         return None
@@ -804,14 +822,16 @@ COMPILED_CALLS = ("_compiled_call", "_compiled_decode_and_update")
 
 
 def _compiled_decode_and_update(model, compile_config):
-    """`_decode_and_update` compiled with the `compile_config` transformers compiles the decoding step with, kept on
-    the model as transformers keeps its compiled step (a new compiled callable would compile anew)."""
+    """(`_decode_and_update` compiled with the `compile_config` transformers compiles the decoding step with, the
+    backend dynamo matches its graphs against: `_dynamo_backend`), kept on the model as transformers keeps its
+    compiled step (a new compiled callable would compile anew)."""
     options = compile_config.to_dict() if compile_config is not None else model._default_compile_config().to_dict()
     key = tuple(sorted((name, repr(value)) for name, value in options.items()))
     kept = model.__dict__.get("_compiled_decode_and_update")
     if kept is None or kept[0] != key:
-        kept = model.__dict__["_compiled_decode_and_update"] = (key, torch.compile(_decode_and_update, **options))
-    return kept[1]
+        compiled = torch.compile(_decode_and_update, **options)
+        kept = model.__dict__["_compiled_decode_and_update"] = (key, compiled, _dynamo_backend(compiled))
+    return kept[1:]
 
 
 def _start(model, input_ids, logits_processor, stopping_criteria, generation_config, sentence_limits, rules, kwargs):

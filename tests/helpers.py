@@ -16,6 +16,12 @@ def cpu_flags() -> set[str]:
     return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux lists it in /proc/cpuinfo ("GenuineIntel", "AuthenticAMD"); empty elsewhere."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
+
+
 # The flags under which a CPU multiplies each half precision in hardware (Linux's names for the CPUID bits).
 NATIVE_FLAGS = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {"avx512_fp16", "amx_fp16"}}
 

@@ -20,7 +20,7 @@ from vaswani_transformer import (
     sinusoidal_position_encoding,
 )
 
-from helpers import cpu_flags, tiny_config, tiny_model
+from helpers import cpu_flags, cpu_vendor, tiny_config, tiny_model
 
 PAD = 0
 
@@ -968,9 +968,9 @@ def _sdpa_kernel_calls_and_logits(model, source, decoder_input_ids):
 def test_one_query_attention_on_a_cpu_is_equation_1_written_out_and_as_close_to_float64_as_sdpa():
     """A decoding step's attention (one query per row) on a CPU, over >= 16 keys and >= 256 rows x keys, is equation
     (1) written out, not torch's SDPA kernel (1.2-1.7x slower there in float32, 2-9x in bf16 without AMX): in bf16 its
-    logits are as close to float64's as SDPA's are, in float32 equal to SDPA's to rounding. In bf16 on a CPU with AMX
-    tiles (where SDPA's kernel is the faster) it stays SDPA. Several queries (the encoder), few keys (the decoder's
-    first self-attention) and few rows (one sentence's beams) keep SDPA."""
+    logits are as close to float64's as SDPA's are, in float32 equal to SDPA's to rounding. Where SDPA's kernel is the
+    faster it stays: in bf16 on a CPU with AMX tiles, in float32 on an Intel CPU below 64 rows. Several queries (the
+    encoder), few keys (the decoder's first self-attention) and few rows (one sentence's beams) keep SDPA."""
     AttentionInterface.register("vaswani_test_sdpa_every_step", sdpa_attention_forward)
     AttentionMaskInterface.register("vaswani_test_sdpa_every_step", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     model = tiny_model(seed=7, d_model=64, num_heads=2)  # 2 + 2 layers
@@ -994,6 +994,8 @@ def test_one_query_attention_on_a_cpu_is_equation_1_written_out_and_as_close_to_
             assert error.mean() <= 1.25 * sdpa_error.mean() and error.max() <= 2 * sdpa_error.max(), (error, sdpa_error)
         typed.set_attn_implementation("sdpa")
         assert _sdpa_kernel_calls_and_logits(typed, source[:4], step[:4])[0] == 2 + 2 * 2  # 4 rows x 20 keys
+    sixteen_rows = _sdpa_kernel_calls_and_logits(model, source[:16], step[:16])[0]  # float32, 16 rows x 20 keys
+    assert sixteen_rows == (2 + 2 * 2 if cpu_vendor() == "GenuineIntel" else 2 + 2)
 
 
 @onednn

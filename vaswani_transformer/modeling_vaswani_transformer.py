@@ -515,14 +515,17 @@ def eager_attention_forward(
 
 # torch's CPU SDPA kernel multiplies bf16 on AMX tiles where the CPU has them (Intel Xeons since Sapphire Rapids)
 _AMX_TILES = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+# On Intel CPUs (MKL's own products) float32's written-out equation pays only from 64 rows: at 16, SDPA's kernel is
+# 1.2-1.3x the faster, at 64 the two are even, at 256 it is 1.1-1.4x the slower (Intel Xeon, 8-75 keys).
+_ONE_QUERY_EAGER_MIN_ROWS_FP32 = 64 if _CPU_VENDOR == "GenuineIntel" else 1
 
 
 def _one_query_faster_eager(query: torch.Tensor, key: torch.Tensor) -> bool:
     """Whether equation (1) written out beats torch's SDPA kernel: one query per row (a decoding step) on a CPU, over
     16 keys or more and 256 rows x keys or more, where SDPA's kernel is 1.2-1.7x slower in float32 and, without AMX,
     2-9x in bf16 (Zen 5); at fewer keys or rows (one sentence's beams) its single call costs less than the written-out
-    ops. In bf16 on a CPU with AMX, SDPA's kernel is 1.3-7x the faster at every such shape (Intel Xeon)
-    (`benchmarks/beam_search_speed.py --attention`)."""
+    ops. In bf16 on a CPU with AMX, SDPA's kernel is 1.3-7x the faster at every such shape, and in float32 on an Intel
+    CPU below 64 rows (Intel Xeon) (`benchmarks/beam_search_speed.py --attention`)."""
     keys = key.shape[-2]
     return (
         query.shape[-2] == 1
@@ -530,6 +533,7 @@ def _one_query_faster_eager(query: torch.Tensor, key: torch.Tensor) -> bool:
         and keys >= 16
         and query.shape[0] * keys >= 256
         and not (query.dtype == torch.bfloat16 and _AMX_TILES)
+        and not (query.dtype == torch.float32 and query.shape[0] < _ONE_QUERY_EAGER_MIN_ROWS_FP32)
         and not is_torchdynamo_compiling()
     )
 

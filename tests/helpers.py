@@ -10,16 +10,21 @@ from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForC
 from vaswani_transformer.tokenization import config_kwargs_from_tokenizer, train_tokenizer
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as Linux lists them in /proc/cpuinfo (independent of torch's probes); empty elsewhere."""
+def _cpuinfo_values(field: str) -> list[str]:
+    """The values of a /proc/cpuinfo field, one per CPU, as Linux lists them (independent of torch's probes and of
+    the package's own reading); empty elsewhere."""
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.split(":", 1)[0].strip() == field]
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them in /proc/cpuinfo; empty elsewhere."""
+    return {flag for value in _cpuinfo_values("flags") for flag in value.split()}
 
 
 def cpu_vendor() -> str:
     """The CPU's vendor as Linux lists it in /proc/cpuinfo ("GenuineIntel", "AuthenticAMD"); empty elsewhere."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
+    return next(iter(_cpuinfo_values("vendor_id")), "")
 
 
 # The flags under which a CPU multiplies each half precision in hardware (Linux's names for the CPUID bits).

@@ -431,7 +431,7 @@ def kernel_rows(model, rows: int) -> list[list]:
     """Per distinct weight shape of the decoder's linear layers (the output layer included): torch's product, oneDNN's
     on W as stored (a layer's first uses in a `generate` call, where `modeling.linear` takes it) and on a packed
     copy, the packed one's speed-up and the packing itself, in ms (what `packed_cpu_weights` trades)."""
-    from vaswani_transformer.modeling_vaswani_transformer import _PACK_MIN_WEIGHTS, _PACK_MIN_WEIGHTS_BF16
+    from vaswani_transformer.modeling_vaswani_transformer import _pack_min_weights
 
     layers = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
     layers.append(model.get_output_embeddings())
@@ -448,8 +448,7 @@ def kernel_rows(model, rows: int) -> list[list]:
             stored = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], ""), 50)
             fast = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""), 50)
             packing = median_ms(lambda: torch.ops.mkldnn._reorder_linear_weight(weight), 5)
-            least = _PACK_MIN_WEIGHTS_BF16 if weight.dtype == torch.bfloat16 else _PACK_MIN_WEIGHTS
-            note = "" if weight.numel() >= least else " (not packed: too small)"
+            note = "" if weight.numel() >= _pack_min_weights(weight.dtype) else " (not packed: too small)"
             table.append([f"{out_features} x {in_features}{note}", len(same), f"{plain:.3f}", f"{stored:.3f}",
                           f"{fast:.3f}", f"{plain / fast:.2f}x", f"{packing:.2f}"])  # fmt: skip
     return table

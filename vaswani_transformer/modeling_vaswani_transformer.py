@@ -101,6 +101,13 @@ _PACK_MIN_WEIGHTS = 1 << 19 if _CPU_VENDOR == "GenuineIntel" else 1 << 18
 # (1.2-2x at 1-256 rows, Intel Xeon, on AMX and on oneDNN's AVX-512 bf16 code alike); below, one row may take a
 # lighter path (64 x 64: 5 against 24 us).
 _PACK_MIN_WEIGHTS_BF16 = 1 << 14
+
+
+def _pack_min_weights(dtype: torch.dtype) -> int:
+    """The fewest entries a weight of `dtype` needs for `linear` to pack it (`_onednn_packs`)."""
+    return _PACK_MIN_WEIGHTS_BF16 if dtype == torch.bfloat16 else _PACK_MIN_WEIGHTS
+
+
 # Packed at a layer's 4th use in a call: by then its plain products have cost about what packing costs (base's output
 # layer: 3 x 20 ms against 93 ms), so a short output never pays much more than it would have without packing.
 _PACK_AT_USE = 4
@@ -183,10 +190,9 @@ def _onednn_may_multiply(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _onednn_packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear` may multiply on a packed weight: oneDNN here and allowed (`_onednn_may_multiply`), no autograd,
-    float32 or a bf16 that oneDNN supports here, a weight worth packing (`_PACK_MIN_WEIGHTS`, in bf16
-    `_PACK_MIN_WEIGHTS_BF16`)."""
+    float32 or a bf16 that oneDNN supports here, a weight worth packing (`_pack_min_weights`)."""
     return (  # the size first: it rules out most layers
-        weight.numel() >= (_PACK_MIN_WEIGHTS_BF16 if weight.dtype == torch.bfloat16 else _PACK_MIN_WEIGHTS)
+        weight.numel() >= _pack_min_weights(weight.dtype)
         and _HAS_ONEDNN_LINEAR
         and not torch.is_grad_enabled()
         and x.dtype == weight.dtype

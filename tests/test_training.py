@@ -88,6 +88,12 @@ def losses(state_file: Path) -> dict[int, float]:
     return {h["step"]: h["loss"] for h in history if "loss" in h}
 
 
+def logged_rates(state_file: Path) -> dict[int, float]:
+    """The learning rate logged for each update (log_history, as TensorBoard and the plots read it)."""
+    history = json.loads(state_file.read_text())["log_history"]
+    return {h["step"]: h["learning_rate"] for h in history if "learning_rate" in h}
+
+
 def tiny_model() -> VaswaniTransformerForConditionalGeneration:
     """A 1+1-layer model with the paper's dropout, in training mode."""
     return helpers.tiny_model(num_heads=2, encoder_layers=1, decoder_layers=1, dropout=0.1).train()
@@ -942,7 +948,8 @@ class _RecordRates(TrainerCallback):
 
 def test_a_run_resumed_with_another_schedule_uses_it_from_its_first_update(tmp_path):
     """Resumed with another lr_factor and warmup_steps, every update from the first resumed one uses the paper's
-    formula with the new values (the optimizer's state brings back the rate of the checkpoint's schedule)."""
+    formula with the new values (the optimizer's state brings back the rate of the checkpoint's schedule), and the
+    log shows the rate used (the scheduler's saved last rate had the first resumed update logged at the old one)."""
     data = write_fixture(tmp_path / "data", n_train=40)
     out, record = tmp_path / "out", _RecordRates()
     run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_steps", "4"))  # lr_factor 3, warmup 10
@@ -952,12 +959,14 @@ def test_a_run_resumed_with_another_schedule_uses_it_from_its_first_update(tmp_p
     assert sorted(record.rates) == [5, 6, 7]
     for n, rate in record.rates.items():
         assert rate == pytest.approx(6 * 32**-0.5 * min(n**-0.5, n * 5**-1.5), rel=1e-12), n
+    logged = logged_rates(out / "trainer_state.json")
+    assert {n: logged[n] for n in record.rates} == pytest.approx(record.rates, rel=1e-12)
 
 
 def test_a_run_resumed_with_another_learning_rate_under_a_transformers_schedule_uses_it(tmp_path):
     """lr_schedule=hf (transformers' linear schedule, warmup 2 of 8 updates): resumed with another learning_rate and
     warmup (6), every update from the first resumed one uses the new rate times the new schedule's factor (before,
-    the checkpoint's scheduler state kept the old rate without a word)."""
+    the checkpoint's scheduler state kept the old rate without a word), and the log shows the rate used."""
     data = write_fixture(tmp_path / "data", n_train=40)
     out, first, resumed = tmp_path / "out", _RecordRates(), _RecordRates()
 
@@ -978,6 +987,9 @@ def test_a_run_resumed_with_another_learning_rate_under_a_transformers_schedule_
     assert sorted(first.rates) == list(range(1, 9)) and sorted(resumed.rates) == [5, 6, 7, 8]
     assert first.rates == pytest.approx({n: 1e-3 * linear(n, 2) for n in first.rates}, rel=1e-12)
     assert resumed.rates == pytest.approx({n: 4e-3 * linear(n, 6) for n in resumed.rates}, rel=1e-12)
+    for run, rates in ((out, first.rates), (tmp_path / "resumed", resumed.rates)):
+        logged = logged_rates(run / "trainer_state.json")
+        assert {n: logged[n] for n in rates} == pytest.approx(rates, rel=1e-12), run
 
 
 def test_running_a_finished_job_again_with_resume_latest_trains_nothing_more(tmp_path):

@@ -527,6 +527,8 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
                 group["initial_lr"] = self.args.learning_rate
         for group, base, rate in zip(self.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
             group["lr"] = base * rate(scheduler.last_epoch)
+        # the rate transformers logs for an update (`get_last_lr`) came back from the checkpoint's scheduler state
+        scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def _get_grad_norm(self, model, grad_norm=None):
         """The gradient norm for the log, computed only for updates that will be logged when nothing clips.

@@ -165,6 +165,10 @@ def test_multi_bleu_rules_hand_computed():
     assert short["score"] == pytest.approx(100 * math.exp(1 - 6 / 4), abs=1e-9)
     assert multi_bleu(["a b c"], [["a b c"]])["score"] == 0.0  # no 4-gram at all: precision 0, as the script
     assert multi_bleu(["A B C D"], [["a b c d"]], lowercase=True)["score"] == pytest.approx(100.0)
+    # -lc is Perl's `lc` on the script's undecoded bytes: A-Z only, so "Über" stays apart from "über" (the 2017
+    # script printed BLEU = 75.983569, 83.3/80.0/75.0/66.7 here): 5/6, 4/5, 3/4, 2/3
+    umlaut = multi_bleu(["Über den Fluss fährt ein Boot"], [["über den Fluss fährt ein Boot"]], lowercase=True)
+    assert umlaut["counts"] == [5, 4, 3, 2] and umlaut["score"] == pytest.approx(100 * (1 / 3) ** 0.25, abs=1e-9)
 
 
 def test_tokenized_bleu_equals_sacrebleu_on_the_same_tokens():

@@ -77,7 +77,8 @@ Args:
     target_lang (`str`, *optional*): target language code; picks sacreBLEU's default tokenizer for it.
     tokenize (`str`, *optional*): sacreBLEU tokenizer name overriding the choice from `target_lang` (for `bleu`
         only; `tokenized_bleu` always uses the Moses tokenizer).
-    lowercase (`bool`, defaults to False): case-insensitive scores (the paper's are case-sensitive).
+    lowercase (`bool`, defaults to False): case-insensitive scores (the paper's are case-sensitive); `tokenized_bleu`
+        as multi-bleu.perl's -lc, which lowers A-Z alone.
     compound_split (`bool`, *optional*): ##AT## compound splitting in `tokenized_bleu`; default: for German
         targets only.
 Returns:
@@ -157,7 +158,7 @@ def multi_bleu(hypotheses, reference_streams, lowercase: bool = False) -> dict:
     corpus; reference length = the closest to the hypothesis length, the shorter on a tie; brevity penalty
     exp(1 - r/c) when c < r; BLEU = BP * exp(mean of log precisions), 0 when some precision is 0 (no
     smoothing). Also 0 (the script prints 0 or dies) when the references or all hypotheses are empty.
-    ``lowercase`` is the script's ``-lc``. Returns score (0-100) and counts, totals, precisions, bp, sys_len,
+    ``lowercase`` is the script's ``-lc`` (A-Z only: "Über" stays apart from "über"). Returns score (0-100) and counts, totals, precisions, bp, sys_len,
     ref_len."""
     correct, total = [0] * 4, [0] * 4
     sys_len = ref_len = 0
@@ -190,8 +191,12 @@ def multi_bleu(hypotheses, reference_streams, lowercase: bool = False) -> dict:
     }
 
 
+# multi-bleu.perl -lc: Perl's `lc` on the bytes the script reads (no `use utf8`, no binmode) lowers A-Z alone
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
 def _words(text: str, lowercase: bool) -> list[str]:
-    return [w for w in _WHITESPACE.split(text.lower() if lowercase else text) if w]
+    return [w for w in _WHITESPACE.split(text.translate(_ASCII_LOWER) if lowercase else text) if w]
 
 
 def tokenized_bleu(

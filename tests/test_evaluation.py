@@ -132,6 +132,21 @@ def test_tokenized_bleu_german_hand_computed():
     assert compute_translation_metrics([hyp], [ref], target_lang="de")["bleu"] != pytest.approx(result["score"])
 
 
+def test_a_language_code_with_a_region_or_capitals_scores_as_its_language():
+    """"de-DE", "de_DE" and "DE" are German to a user: the same Moses rules and compound splitting as "de" (before,
+    they silently tokenized by English rules without splitting); a language Moses has no rules for is warned of, as
+    tokenizer.perl warns."""
+    hyp, ref = "Das ist z.B. eine Auto-Werkstatt.", "Das ist z.B. die Auto-Werkstatt."
+    german = tokenized_bleu([hyp], [ref], target_lang="de")
+    assert "compound-split:##AT##" in german["signature"]
+    for code in ("de-DE", "de_DE", "DE", " De-at "):
+        assert tokenized_bleu([hyp], [ref], target_lang=code) == german, code
+        scores = compute_translation_metrics([hyp], [ref], target_lang=code)
+        assert scores["tokenized_bleu_signature"] == german["signature"], code
+    with pytest.warns(UserWarning, match=r"no non-breaking prefixes for language 'xq'.*English ones"):
+        tokenized_bleu([hyp], [ref], target_lang="xq")
+
+
 def test_tokenized_bleu_english_hand_computed():
     """tokenizer.perl -l en keeps `'s`/`'t` on the next word and `Mr.` whole; no compound split for English."""
     hyp, ref = "Mr. Smith's well-known car isn't \"red\".", "Mr. Smith's well-known car isn't red."

@@ -21,7 +21,8 @@ Three scores are returned, all on a 0-100 scale:
      ``-l en`` keeps ``'s``/``'t`` on the next word; the language's non-breaking prefixes such as ``z.B.`` or
      ``Mr.`` keep their period), no aggressive hyphen splitting, and special characters escaped as
      tokenizer.perl does (``"`` -> ``&quot;``, ``'`` -> ``&apos;``, ``&`` -> ``&amp;``, ``< > [ ] |``);
-     ``target_lang`` "" means tokenizer.perl's default, English. sacremoses follows tokenizer.perl as it was
+     ``target_lang`` "" means tokenizer.perl's default, English; a code is taken by its language (``de-DE``,
+     ``DE``: ``de``), for sacreBLEU too. sacremoses follows tokenizer.perl as it was
      until November 2018, when Moses began to split a sentence-final period unconditionally: a last word that
      is a non-breaking prefix keeps its period (German ``Nummer 10.``), as in the paper's time.
   2. For German targets only (where the paper did it; ``compound_split`` overrides), hyphenated compounds
@@ -43,6 +44,7 @@ sacremoses, datasets, evaluate): `evaluate.load` copies it into its module cache
 import functools
 import math
 import re
+import warnings
 from collections import Counter
 
 import datasets
@@ -136,8 +138,21 @@ COMPOUND_SPLIT_LANGUAGES = frozenset({"de"})
 _WHITESPACE = re.compile(r"[ \t\n\r\f\v]+")
 
 
+def scoring_language(code: str) -> str:
+    """A language code as the scoring tools name languages: lower case, its primary subtag ("de-DE", "de_DE", "DE"
+    -> "de"). sacremoses and sacreBLEU match the bare code only: another spelling of it would silently tokenize by
+    English rules and skip German compound splitting."""
+    return re.split(r"[-_]", code.strip().lower(), maxsplit=1)[0] if code else ""
+
+
 @functools.lru_cache(maxsize=None)
 def _moses_tokenizer(lang: str) -> sacremoses.MosesTokenizer:
+    if lang not in sacremoses.corpus.NonbreakingPrefixes().available_langs.values():
+        warnings.warn(  # as tokenizer.perl warns
+            f"Moses has no non-breaking prefixes for language {lang!r}: tokenized BLEU uses the English ones, as "
+            "tokenizer.perl does.",
+            stacklevel=2,
+        )
     return sacremoses.MosesTokenizer(lang=lang)
 
 
@@ -212,7 +227,7 @@ def tokenized_bleu(
     (see the module docstring for the recipe).
     """
     streams = _reference_streams(predictions, references)
-    lang = target_lang or "en"
+    lang = scoring_language(target_lang) or "en"
     if compound_split is None:
         compound_split = lang in COMPOUND_SPLIT_LANGUAGES
 
@@ -249,7 +264,7 @@ def translation_scores(
 ) -> dict:
     """All scores of this module as a plain dict (what `PaperBleu.compute` returns)."""
     streams = _reference_streams(predictions, references)
-    bleu = BLEU(tokenize=tokenize, trg_lang=target_lang or "", lowercase=lowercase)
+    bleu = BLEU(tokenize=tokenize, trg_lang=scoring_language(target_lang), lowercase=lowercase)
     bleu_score = bleu.corpus_score(list(predictions), streams)
     chrf = CHRF(lowercase=lowercase)
     chrf_score = chrf.corpus_score(list(predictions), streams)

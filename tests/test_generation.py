@@ -24,12 +24,14 @@ PAD, BOS, EOS = 0, 1, 2
 VOCAB = 40
 
 
-def tiny_model(seed: int = 0, eos_bias: float = 0.0, vocab_size: int = VOCAB) -> VaswaniTransformerForConditionalGeneration:
-    """A random float64 model; `eos_bias` > 0 makes </s> likelier (hypotheses then end at various steps).
+def tiny_model(
+    seed: int = 0, eos_bias: float = 0.0, vocab_size: int = VOCAB, **fields
+) -> VaswaniTransformerForConditionalGeneration:
+    """A random float64 model; `eos_bias` > 0 makes </s> likelier (hypotheses then end at various steps), < 0 rarer.
 
     The bias is the last decoder LayerNorm's bias, pointed along the (tied) </s> output embedding.
     """
-    model = helpers.tiny_model(seed, vocab_size=vocab_size).double()
+    model = helpers.tiny_model(seed, vocab_size=vocab_size, **fields).double()
     if eos_bias:
         with torch.no_grad():
             eos_embedding = model.lm_head.weight[EOS]
@@ -659,6 +661,66 @@ def test_greedy_search_decodes_each_sentence_of_a_batch_as_alone(forced_eos):
         assert len(alone[0]) <= length + 4 and (alone[0][-1] == EOS or not forced_eos)
         stopped_short |= len(alone[0]) == length + 4 < 8 + 4  # at its limit, short of the batch's longest
     assert stopped_short
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_a_decoder_prompt_without_the_start_token_gets_it_and_the_length_rule_counts_it(learned):
+    """transformers puts the start token before a decoder prompt that lacks it: every decoding then continues [<s>,
+    17, 23] and generates max_len_a * source length + max_len_b tokens after it, as from the prompt with its <s>
+    (before, the rule counted a prompt one token short: greedy search and sampling stopped a token early, forced
+    </s> a step early, and learned positions ran past their table)."""
+    fields = dict(position_encoding="learned", max_position_embeddings=8) if learned else {}
+    model = tiny_model(2, eos_bias=-8.0, **fields)  # </s> only where forced
+    inputs = random_sources(13, lengths=(4,))
+    limit = 8 + 1 - 3 if learned else 4 + 3  # the decoder reads <s> 17 23 and all but the last new token
+    for decoding in (dict(), dict(num_beams=1), dict(num_beams=1, forced_eos_token_id=EOS)):
+        kwargs = dict(max_len_b=3, **decoding)
+        with_start = model.generate(**inputs, decoder_input_ids=torch.tensor([[BOS, 17, 23]]), **kwargs)
+        without = model.generate(**inputs, decoder_input_ids=torch.tensor([[17, 23]]), **kwargs)
+        assert torch.equal(without, with_start), decoding
+        assert without[0, :3].tolist() == [BOS, 17, 23] and without.shape[1] == 3 + limit, decoding
+        assert (without[0, -1] == EOS) == ("forced_eos_token_id" in decoding), decoding
+
+
+def test_the_length_rule_counts_a_source_s_end_where_pad_and_eos_are_one_token():
+    """pad_token_id == eos_token_id and no attention_mask: the source's length counts its </s>, as with a mask (before,
+    its </s> was taken for padding: one token fewer allowed)."""
+    model = helpers.tiny_model(3, vocab_size=VOCAB, pad_token_id=EOS).double()
+    source = torch.tensor([[5, 6, 7, EOS]])
+    for decoding in (dict(), dict(num_beams=1)):
+        kwargs = dict(max_len_a=1, max_len_b=2, suppress_tokens=[EOS], **decoding)
+        unmasked = model.generate(input_ids=source, **kwargs)
+        assert unmasked.shape[1] == 1 + 1 * 4 + 2, decoding
+        assert torch.equal(unmasked, model.generate(input_ids=source, attention_mask=torch.ones_like(source), **kwargs))
+
+
+class _CTRLPenalty:
+    """The repetition penalty of CTRL (Keskar et al., 2019) as a logits processor written here: a token already in
+    the row has its score divided by `penalty` where positive, multiplied where negative; a new tensor."""
+
+    def __init__(self, penalty: float):
+        self.penalty = penalty
+
+    def __call__(self, input_ids, scores):
+        out = scores.clone()
+        for row in range(scores.shape[0]):
+            for token in set(input_ids[row].tolist()):
+                value = scores[row, token]
+                out[row, token] = value / self.penalty if value > 0 else value * self.penalty
+        return out
+
+
+def test_the_paper_search_takes_transformers_repetition_penalty():
+    """transformers' `repetition_penalty` processor returns a view of a wider tensor: the paper's beam search takes it
+    (before, it failed: 'view size is not compatible'), with the tokens of the same rule written out."""
+    model = tiny_model(4, eos_bias=-2.0)
+    inputs = random_sources(21, lengths=(5, 3))
+    penalised = model.generate(**inputs, repetition_penalty=3.0, max_len_b=6)
+    from transformers import LogitsProcessorList
+
+    written = model.generate(**inputs, logits_processor=LogitsProcessorList([_CTRLPenalty(3.0)]), max_len_b=6)
+    assert torch.equal(penalised, written)
+    assert not torch.equal(penalised, model.generate(**inputs, max_len_b=6))
 
 
 def test_learned_positions_cap_the_length_rule_at_the_decoder_positions():

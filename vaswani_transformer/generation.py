@@ -137,16 +137,41 @@ def source_padding_mask(input_ids: torch.Tensor | None, config) -> torch.Tensor 
     return (input_ids != config.pad_token_id).long()
 
 
-def _source_lengths(inputs, kwargs: dict, pad_token_id) -> torch.Tensor:
-    """Number of real (non-padding) source tokens per sentence, from the attention mask or else the ids."""
+def _with_decoder_start(model, generation_config, kwargs: dict) -> None:
+    """A decoder prompt none of whose rows starts with the decoder start token gets it in front (and a 1 in front of
+    its mask), as transformers' `generate` does after the length rule is set (the same test): done first, the rule
+    counts the prompt that is decoded."""
+    prompt = kwargs.get("decoder_input_ids")
+    if not torch.is_tensor(prompt) or prompt.ndim != 2 or prompt.shape[-1] == 0:
+        return
+    config, _ = model._prepare_generation_config(generation_config, **kwargs)
+    start = config.decoder_start_token_id if config.decoder_start_token_id is not None else config.bos_token_id
+    if start is None:
+        return
+    start = torch.as_tensor(start, dtype=prompt.dtype, device=prompt.device).view(-1, 1)
+    start = start.expand(prompt.shape[0], 1) if start.shape[0] == 1 else start
+    if start.shape[0] != prompt.shape[0] or not bool((prompt[:, 0] != start[:, 0]).all()):
+        return  # (a start token per row for another batch size: transformers' error)
+    kwargs["decoder_input_ids"] = torch.cat([start, prompt], dim=-1)
+    mask = kwargs.get("decoder_attention_mask")
+    if torch.is_tensor(mask):
+        kwargs["decoder_attention_mask"] = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=-1)
+
+
+def _source_lengths(inputs, kwargs: dict, config) -> torch.Tensor:
+    """Number of real (non-padding) source tokens per sentence, from the attention mask or else the ids (where pad
+    and eos are one token, the tokens other than it and the sentence's own </s>)."""
     attention_mask = kwargs.get("attention_mask")
     if attention_mask is not None:
         return attention_mask.sum(-1)
     input_ids = inputs if inputs is not None else kwargs.get("input_ids")
     if input_ids is not None:
+        pad_token_id = config.pad_token_id
         if pad_token_id is None:
             return torch.full(input_ids.shape[:1], input_ids.shape[-1], device=input_ids.device)
-        return (input_ids != pad_token_id).sum(-1)
+        padding = input_ids == pad_token_id
+        lengths = (~padding).sum(-1)
+        return lengths + padding.any(-1) if pad_token_id == config.eos_token_id else lengths
     for name in ("inputs_embeds", "encoder_outputs"):
         states = kwargs.get(name)
         if states is not None:
@@ -229,10 +254,11 @@ class VaswaniGenerationMixin(GenerationMixin):
             inferred = source_padding_mask(source_ids, self.config)
             if inferred is not None:
                 kwargs["attention_mask"] = inferred
+        _with_decoder_start(self, generation_config, kwargs)
         sentence_max_new_tokens = None
         saved = None if rule_passed else self.generation_config
         if not _length_given(kwargs, generation_config, saved) and fields["max_len_b"] is not None:
-            lengths = _source_lengths(inputs, kwargs, self.config.pad_token_id)
+            lengths = _source_lengths(inputs, kwargs, self.config)
             # in double precision, as fairseq's int(a * length + b): float32 makes int(1.3 * 90) 116 (on the CPU: MPS
             # has no float64)
             rule = lengths.cpu().double() * (fields["max_len_a"] or 0) + fields["max_len_b"]
@@ -650,7 +676,8 @@ def paper_beam_search(
         elif len(logits_processor) > 0:
             if forced_eos is not None:
                 forced_eos.sentences = alive.active.repeat_interleave(K)
-            log_probs = logits_processor(alive.sequences[:, :length], log_probs)
+            # (contiguous: transformers' repetition penalty returns a view of a wider tensor)
+            log_probs = logits_processor(alive.sequences[:, :length], log_probs).contiguous()
             best = log_probs.amax(dim=-1).view(-1, K)[running]  # one pass; the running sentences' rows
             bound_valid = bound_valid and not bool((best > 0).any())
         record.add(outputs, log_probs, logits, alive.active, K, running)

@@ -126,6 +126,45 @@ def test_given_target_and_readable_tokens(saved):
     assert {"東", "京", "\u3000"} <= set(maps.source_tokens)  # each character whole on its first token
 
 
+def _word_level_tokenizer(pieces: list[str], decoder):
+    """A tokenizer whose vocabulary is <pad> <s> </s> <unk> and `pieces` (ids 4...), with the `tokenizers` decoder of
+    a subword convention."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>", *pieces])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.decoder = decoder
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")  # fmt: skip
+
+
+def test_word_ids_and_word_starts_follow_every_subword_convention():
+    """Words as text.split() counts them in the decoded text, whichever way the subwords mark them: "▁" word starts
+    (SentencePiece), "##" continuations (BERT's WordPiece), "</w>" word ends (subword-nmt, fairseq's FSMT); <unk> is a
+    word of its own. Before, only "Ġ"/"▁" starts and leading spaces counted: the other conventions put a whole
+    sentence into word 0, and an <unk> took no word, numbering the later ones one short."""
+    from tokenizers import decoders
+
+    from vaswani_transformer.attention import readable_tokens, word_ids
+
+    sentencepiece = _word_level_tokenizer(["▁the", "▁d", "og", "s", "▁sat", "▁.", "▁"], decoders.Metaspace())
+    wordpiece = _word_level_tokenizer(["the", "d", "##og", "##s", "sat", "."], decoders.WordPiece(cleanup=False))
+    subword_nmt = _word_level_tokenizer(["the</w>", "d", "og", "s</w>", "sat</w>", ".</w>"],
+                                        decoders.BPEDecoder(suffix="</w>"))  # fmt: skip
+    for tokenizer in (sentencepiece, wordpiece, subword_nmt):  # "the dogs sat ." and </s>
+        ids = [4, 5, 6, 7, 8, 9, 2]
+        assert tokenizer.decode(ids, skip_special_tokens=True).split() == ["the", "dogs", "sat", "."]
+        assert word_ids(tokenizer, ids) == [0, 1, 1, 1, 2, 3, None], type(tokenizer.backend_tokenizer.decoder)
+        labels = readable_tokens(tokenizer, ids)  # "▁": a space before the token in the text
+        assert [label.startswith("▁") for label in labels[:-1]] == [False, True, False, False, True, True], labels
+        if tokenizer is not wordpiece:  # (a lone "##og" decodes as it is)
+            assert "".join(labels[:-1]).replace("▁", " ") == "the dogs sat .", labels
+    # SentencePiece's "a 你 b" with 你 unknown: ▁a ▁ <unk> ▁b </s>; words a, <unk>, b
+    unknown = _word_level_tokenizer(["▁a", "▁", "▁b"], decoders.Metaspace())
+    assert word_ids(unknown, [4, 5, 3, 6, 2]) == [0, None, 1, 2, None]
+
+
 # Hand-built alignment case. Source "the small house": subwords ▁the ▁sm all ▁house </s> (words 0 1 1 2 -).
 # Target "das kleine Haus": subwords das ▁klein e ▁Haus </s> (words 0 1 1 2 -). Rows = target subwords.
 SOURCE_WORDS = [0, 1, 1, 2, None]

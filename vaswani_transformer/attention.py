@@ -37,7 +37,6 @@ from . import cli
 KINDS = ("encoder", "decoder", "cross")
 KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
                "cross": "encoder-decoder attention"}  # fmt: skip
-WORD_START_MARKERS = ("\u0120", "\u2581")  # "Ġ" of byte-level BPE, "▁" of SentencePiece
 READABLE_WORD_START = "\u2581"  # "▁": shown in front of a subword that starts a word
 CONTINUED_BYTES = "\u00b7"  # "·": the further tokens of a character split across byte-level tokens
 VISIBLE_WHITESPACE = str.maketrans({" ": READABLE_WORD_START, "\t": "\u21e5", "\n": "\u21b5", "\r": "\u21b5"})
@@ -165,49 +164,63 @@ def _character_spans(tokenizer, ids: Sequence[int]) -> list[tuple[int, int, str]
 
 
 def readable_tokens(tokenizer, ids: Sequence[int]) -> list[str]:
-    """Each id decoded alone, a word-starting subword shown as "▁word", special tokens as they are (`</s>`).
+    """Each id decoded alone, special tokens as they are (`</s>`), "▁" where a space comes before it in the text:
+    a subword that starts a word after the first is shown as "▁word" (whichever way the tokenizer marks words, see
+    `word_ids`), whitespace alone made visible.
 
     A character split across byte-level tokens (each alone decodes to U+FFFD) is shown whole on the first of them and
     as "·" on the others."""
     ids = list(ids)
-    special = set(tokenizer.all_special_ids)
-    raw = tokenizer.convert_ids_to_tokens(ids)
-    labels = []
-    for start, end, piece in _character_spans(tokenizer, ids):
-        labels.append(piece if ids[start] in special else _mark_word_start(piece, raw[start]))
+    special = _special_ids(tokenizer)
+    labels, previous, after_space = [], None, False
+    for (start, end, piece), word in _spans_and_words(tokenizer, ids):
+        if ids[start] in special:
+            labels.append(piece)
+        elif not piece.strip():
+            labels.append(piece.translate(VISIBLE_WHITESPACE))
+        else:
+            spaced = piece[:1].isspace() or (word != previous and previous is not None and not after_space)
+            labels.append(READABLE_WORD_START + piece.lstrip() if spaced else piece)
+            previous = word
+        if ids[start] not in special:
+            after_space = piece[-1:].isspace()
         labels.extend([CONTINUED_BYTES] * (end - start - 1))
     return labels
 
 
-def _mark_word_start(piece: str, raw: str | None) -> str:
-    """`piece` without its leading space, "▁" in front when it starts a word; whitespace alone stays visible."""
-    if not piece.strip():
-        return piece.translate(VISIBLE_WHITESPACE)
-    starts = piece[:1].isspace() or (raw or "").startswith(WORD_START_MARKERS)
-    return READABLE_WORD_START + piece.lstrip() if starts else piece
-
-
 def word_ids(tokenizer, ids: Sequence[int]) -> list[int | None]:
     """The whitespace-separated word (0, 1, ...) each token belongs to, as `text.split()` counts the words of the
-    decoded text: a word starts at the first token after a space (a token decoding to a leading space or carrying
-    "Ġ"/"▁"); special tokens and whitespace-only tokens get None. The tokens of a character split across byte-level
-    tokens count as one (a multi-byte space such as U+3000 or U+202F separates words too)."""
+    decoded text: a token is in the last word of the text decoded from the tokens up to it, so every way of marking
+    words counts ("Ġ"/"▁" starts, "##"/"@@" continuations, "</w>" ends). Special tokens other than <unk> (a word of
+    its own) and whitespace-only tokens get None. The tokens of a character split across byte-level tokens count as
+    one (a multi-byte space such as U+3000 or U+202F separates words too)."""
     ids = list(ids)
-    special = set(tokenizer.all_special_ids)
-    raw = tokenizer.convert_ids_to_tokens(ids)
     result: list[int | None] = []
-    word, after_space = -1, True
-    for start, end, piece in _character_spans(tokenizer, ids):
-        if ids[start] in special or not piece.strip():
-            result.extend([None] * (end - start))
-            after_space = after_space or ids[start] not in special
-            continue
-        if piece[:1].isspace() or (raw[start] or "").startswith(WORD_START_MARKERS):
-            after_space = True
-        if after_space:
-            word += 1
+    for (start, end, _), word in _spans_and_words(tokenizer, ids):
         result.extend([word] * (end - start))
-        after_space = piece[-1:].isspace()
+    return result
+
+
+def _special_ids(tokenizer) -> set[int]:
+    """The special tokens' ids but <unk>'s, which stands for a word of the text."""
+    return set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
+
+
+def _spans_and_words(tokenizer, ids: list[int]) -> list[tuple[tuple[int, int, str], int | None]]:
+    """`_character_spans` with the word of each (None for special and whitespace-only ones): the last word of the
+    text decoded from the tokens up to the span's end (a decoder may mark words however it likes)."""
+    special = _special_ids(tokenizer)
+    text_ids, result = [], []
+    for start, end, piece in _character_spans(tokenizer, ids):
+        if ids[start] in special:
+            result.append(((start, end, piece), None))
+            continue
+        text_ids.extend(ids[start:end])
+        if not piece.strip():
+            result.append(((start, end, piece), None))
+            continue
+        text = tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        result.append(((start, end, piece), max(len(text.split()) - 1, 0)))
     return result
 
 

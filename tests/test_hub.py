@@ -354,6 +354,27 @@ def test_push_uploads_only_a_validated_folder(tmp_path, dry_run, caplog, capsys)
     assert token not in caplog.text + captured.out + captured.err
 
 
+def test_push_refuses_a_run_folder_with_training_state_or_another_model(tmp_path, saved):
+    """A training run's folder (checkpoints with optimizer states, averaged/ holding another model) is refused before
+    anything is validated or uploaded, naming what it holds (before, all of it was uploaded)."""
+    folder, _, _ = saved
+    run = tmp_path / "run"
+    shutil.copytree(folder, run)
+    (run / "checkpoint-2").mkdir()
+    (run / "checkpoint-2" / "optimizer.pt").write_bytes(b"state")
+    (run / "checkpoint-2" / "config.json").write_text("{}")
+    (run / "averaged").mkdir()
+    (run / "averaged" / "config.json").write_text("{}")
+    api = RecordingHfApi()
+    with pytest.raises(ValueError, match=r"holds more than a model repository \(averaged, checkpoint-2\).*Export the "
+                                         r"model to a clean folder first"):  # fmt: skip
+        push_repository(run, "someone/tiny", api=api)
+    assert api.calls == []
+    (run / "optimizer.pt").write_bytes(b"state")  # training state at the top level too
+    with pytest.raises(ValueError, match=r"\(averaged, checkpoint-2, optimizer.pt\)"):
+        push_repository(run, "someone/tiny", api=api)
+
+
 @pytest.mark.slow
 def test_push_without_network_is_one_line_and_uploads_nothing(tmp_path, saved):
     folder, _, _ = saved

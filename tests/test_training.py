@@ -631,6 +631,54 @@ def test_train_script_loss_falls_and_evaluates(tmp_path):
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-40"]
 
 
+def test_push_to_hub_uploads_the_tested_averaged_model_with_its_scores_once_the_run_is_over(tmp_path, monkeypatch):
+    """--push_to_hub with averaging: the last upload is the averaged model that was tested, with its card's test
+    score, and no training state (before: transformers pushed the final weights right after training, before
+    averaging and scoring, with a card without scores; nothing after). The Hub is a recorder (no network): what
+    transformers' checkpoint pushes and ours upload, and in which order."""
+    from concurrent.futures import Future
+
+    from huggingface_hub import HfApi
+
+    uploads = []
+
+    def create_repo(self, repo_id, **kwargs):
+        return type("RepoUrl", (), {"repo_id": repo_id if "/" in repo_id else f"me/{repo_id}"})()
+
+    def upload_folder(self, *, repo_id, folder_path, commit_message=None, ignore_patterns=None, run_as_future=False,
+                      **kwargs):  # fmt: skip
+        root = Path(folder_path)
+        files = sorted(str(f.relative_to(root)) for f in root.rglob("*") if f.is_file())
+        files = [f for f in files if not any(Path(f).match(p) or Path(f.split("/")[0]).match(p)
+                                             for p in ignore_patterns or [])]  # fmt: skip
+        uploads.append({"message": commit_message, "repo_id": repo_id, "files": files,
+                        "weights": (root / "model.safetensors").read_bytes(),
+                        "card": (root / "README.md").read_text() if (root / "README.md").is_file() else ""})  # fmt: skip
+        done = Future()
+        done.set_result(type("CommitInfo", (), {"commit_url": f"https://hub.example/{repo_id}/commit/1"})())
+        return done if run_as_future else done.result()
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    data = write_fixture(tmp_path / "data", n_train=60)
+    out = tmp_path / "out"
+    result = run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_steps", "2", "--average_last_checkpoints",
+                                     "2", "--do_predict", "--test_file", str(data / "valid"), "--push_to_hub",
+                                     "--hub_model_id", "me/tiny"))  # fmt: skip
+    assert [u["message"] for u in uploads] == ["Training in progress, step 2", "Training in progress, step 4",
+                                               "End of training"]  # fmt: skip
+    last = uploads[-1]
+    assert last["repo_id"] == "me/tiny" and result["pushed"] == "https://hub.example/me/tiny/commit/1"
+    assert last["weights"] == (out / "averaged" / "model.safetensors").read_bytes()
+    assert last["weights"] != (out / "model.safetensors").read_bytes()  # (the final weights, not averaged)
+    test_bleu = json.loads((out / "averaged" / "test_results.json").read_text())["test_bleu"]
+    assert f"| {test_bleu:.2f} |" in last["card"] and "| checkpoints averaged | 2 |" in last["card"]
+    assert {"config.json", "generation_config.json", "pipeline.py", "modeling_vaswani_transformer.py",
+            "tokenizer.json"} <= set(last["files"])  # fmt: skip
+    assert not [f for f in last["files"] if f.startswith(("checkpoint-", "averaged")) or f.endswith((".pt", ".pth"))]
+
+
 def test_evaluation_sets_are_scored_whole_and_long_sources_truncated_with_a_warning(tmp_path, caplog):
     """The length and ratio filters drop training pairs only: every test pair is translated and scored; a source
     longer than the model can take (12 learned positions) is cut to its first 12 tokens with a warning naming it. A

@@ -21,9 +21,11 @@ Functions:
 - `validate_repository(folder)`: loads the folder in a fresh Python where `vaswani_transformer` cannot be imported,
   with `trust_remote_code=True`, and checks that the pipeline translates a sentence exactly like `generate` + decode.
 - `push_repository(folder, repo_id, ...)`: validates, then creates the repo and uploads the folder; refuses to upload
-  a folder that fails validation. The token comes from the usual login or environment and is never printed.
+  a folder that fails validation or holds a run's training state or another model (`training_leftovers`). The token comes from the usual login or environment and is never printed.
   A Hub that does not answer (no network, a wrong `HF_ENDPOINT`, offline mode) is a `HubUnreachableError`: one line,
   "cannot reach the Hub at <endpoint>: <reason>; nothing was uploaded" (`check_hub_reachable` asks it first).
+- `push_trained_model(trainer, folder, ...)`: `vaswani-train --push_to_hub`'s one push at the end of a run, of the
+  tested model (averaged, scored).
 - `main(argv)`: the command line `vaswani-push` (also `scripts/push_to_hub.py`).
 """
 
@@ -433,7 +435,17 @@ def push_repository(
     (`private`), create the branch `revision` if needed, and upload the folder in one commit. Returns the commit URL.
 
     `token`: None uses the usual login (`hf auth login`) or `HF_TOKEN`; it is never printed or logged.
-    `api`: a `huggingface_hub.HfApi` (default: a new one)."""
+    `api`: a `huggingface_hub.HfApi` (default: a new one).
+
+    A folder holding training state or another model (`training_leftovers`: a run's output folder) is refused
+    before anything else: the whole folder would be uploaded. `export_repository` writes a clean one."""
+    leftovers = training_leftovers(folder)
+    if leftovers:
+        shown = ", ".join(leftovers[:4]) + (f" and {len(leftovers) - 4} more" if len(leftovers) > 4 else "")
+        raise ValueError(
+            f"{folder} holds more than a model repository ({shown}): pushing it would upload all of that. Export the "
+            "model to a clean folder first (export_repository, or vaswani-push --model_name_or_path with it)."
+        )
     report = validate_repository(folder, validation_sentence)
     logger.info("Validated %s in a clean Python: %r -> %r", folder, validation_sentence, report["translation"])
     api = api if api is not None else HfApi()
@@ -449,6 +461,40 @@ def push_repository(
     except hub_transport_errors() as error:
         raise HubUnreachableError(hub_endpoint(api), error) from None
     return str(getattr(commit, "commit_url", commit))
+
+
+# What a training run's folder holds beside a model: checkpoints (with optimizer, scheduler and random states) and,
+# in subfolders, other models (averaged/). None of it belongs in a model repository.
+TRAINING_STATE_PATTERNS = ("checkpoint-*", "optimizer.pt", "scheduler.pt", "rng_state*.pth", "scaler.pt")
+
+
+def training_leftovers(folder: PathLike) -> list[str]:
+    """The paths in `folder` (relative, sorted) that a model repository should not hold: training state
+    (`TRAINING_STATE_PATTERNS`, at any depth) and subfolders holding another model's config.json."""
+    folder = Path(folder)
+    found = {path for pattern in TRAINING_STATE_PATTERNS for path in folder.rglob(pattern)}
+    found |= {path.parent for path in folder.glob("*/**/config.json")}
+    return sorted(str(path.relative_to(folder)) for path in found if not any(p in found for p in path.parents))
+
+
+def push_trained_model(trainer, folder: PathLike, source_lang=None, target_lang=None, datasets=None, api=None):
+    """`--push_to_hub` of a `vaswani-train` run, once it is over: the tested model's folder (`averaged/` when the run
+    averages), with its scores, exported (`export_repository`) and pushed (`push_repository`) to the trainer's
+    repository after transformers' checkpoint pushes have finished. Returns the commit URL (None on other
+    processes). transformers' own push of the final weights, before averaging and scoring, is not made
+    (`VaswaniSeq2SeqTrainer.save_model(push=False)`)."""
+    if not trainer.is_world_process_zero():
+        return None
+    trainer._finish_current_push()
+    with tempfile.TemporaryDirectory(prefix="vaswani-push-") as scratch:
+        export = export_repository(
+            folder, Path(scratch) / "repository", source_lang=source_lang, target_lang=target_lang, datasets=datasets,
+            repo_id=trainer.hub_model_id,
+        )  # fmt: skip
+        return push_repository(
+            export, trainer.hub_model_id, private=bool(trainer.args.hub_private_repo), token=trainer.args.hub_token,
+            revision=trainer.args.hub_revision, commit_message="End of training", api=api,
+        )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ command line
@@ -558,6 +604,8 @@ __all__ = [
     "export_repository",
     "main",
     "push_repository",
+    "push_trained_model",
+    "training_leftovers",
     "validate_repository",
     "write_model_card",
     "write_repository_extras",

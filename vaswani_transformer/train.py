@@ -73,7 +73,7 @@ from .data import (
 from .evaluation import make_compute_metrics
 from .flops import run_training_cost
 from .hardware import emulated_precision_warning, has_native_bf16, keep_freed_cpu_memory
-from .hub import write_repository_extras
+from .hub import push_trained_model, write_repository_extras
 from .pipeline import source_length_limit, truncate_source
 from .synthetic import TASK_LANGUAGES, write_synthetic_task
 from .textio import write_lines
@@ -846,7 +846,7 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
         if "train" not in tokenized:
             raise ValueError("do_train needs a train split (--train_file, --dataset_name or --synthetic_task).")
         trainer.train(resume_from_checkpoint=resume)
-        trainer.save_model()
+        trainer.save_model(push=False)  # --push_to_hub: the tested model, at the end (push_trained_model)
         trainer.save_state()
         result["summary"] = trainer.training_summary()
         # Table 2's cost: model FLOPs (forward + backward) from the config at the training set's average lengths.
@@ -922,9 +922,15 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                 if values is not None:
                     _save_metrics(trainer, folder, prefix, values)
         if training_args.do_train:
-            trainer.create_model_card(language=[data_args.source_lang, data_args.target_lang])
+            datasets = [data_args.dataset_name] if data_args.dataset_name else None  # the card's `datasets`
+            trainer.create_model_card(language=[data_args.source_lang, data_args.target_lang], dataset=datasets)
             if tested_dir != training_args.output_dir:
-                _write_averaged_model_card(trainer, tested_dir, data_args)
+                _write_averaged_model_card(trainer, tested_dir, data_args, datasets)
+            if training_args.push_to_hub:
+                result["pushed"] = push_trained_model(
+                    trainer, tested_dir, data_args.source_lang, data_args.target_lang, datasets
+                )
+                print(f"Pushed {tested_dir} to the Hub: {result['pushed']}", flush=True)
     return result
 
 
@@ -988,14 +994,14 @@ def _save_metrics(trainer, folder: str, prefix: str, metrics: dict[str, float]) 
         Path(folder, f"{prefix}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True) + "\n")
 
 
-def _write_averaged_model_card(trainer, folder: str, data_args) -> None:
+def _write_averaged_model_card(trainer, folder: str, data_args, datasets: list[str] | None = None) -> None:
     """The averaged model's card in ``folder`` (``hub.write_repository_extras``, as the run folder's): its own scores
     (the results files there), the run's recipe and totals plus the number of checkpoints averaged (as recorded
     there: fewer than asked when the run had fewer), and the run's learning curve."""
     run_dir = trainer.args.output_dir
     info = {**training_info_of_model(folder, run_dir), **training_info_from_trainer(trainer)}
     write_repository_extras(folder, info, trainer_metric_reports(folder), source_lang=data_args.source_lang,
-                            target_lang=data_args.target_lang, training_run=run_dir)  # fmt: skip
+                            target_lang=data_args.target_lang, training_run=run_dir, datasets=datasets)  # fmt: skip
 
 
 def _report_averaging(before: dict[str, float], averaged: dict[str, float], num_last: int) -> None:

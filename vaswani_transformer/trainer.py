@@ -755,9 +755,10 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             self._stop_on_write_failure(error, folder, checkpoint=True)
             raise
 
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False, push: bool = True) -> None:
+        """transformers' saving (pushing with `push_to_hub` where `push`); a failed write is a one-line error."""
         try:
-            super().save_model(output_dir, _internal_call)
+            super().save_model(output_dir, _internal_call or not push)  # (transformers pushes unless internal)
         except Exception as error:
             if _internal_call or isinstance(error, CheckpointWriteError):
                 raise  # a checkpoint's weights: _save_checkpoint reports it

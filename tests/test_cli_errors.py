@@ -146,3 +146,40 @@ def test_training_data_with_a_missing_or_directory_side_names_it(tmp_path):
                         "--source_lang", "en", "--target_lang", "de", cwd=tmp_path)  # fmt: skip
     assert result.returncode != 0
     assert f"{data / 'train.en'}: no such file" in result.stderr.decode()
+
+
+# In a fresh Python: `python -m <module> --help` for each module of [project.scripts] (runpy runs it as `-m` does);
+# prints {module: [exit status, what it wrote]} as JSON.
+HELP_UNDER_DASH_M = """
+import contextlib, io, json, runpy, sys
+results = {}
+for module in sys.argv[1:]:
+    sys.argv = [module, "--help"]
+    out, status = io.StringIO(), None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as exit:
+            status = exit.code
+    results[module] = [status, out.getvalue()]
+print(json.dumps(results))
+"""
+
+
+def test_python_dash_m_runs_each_command_as_its_console_script():
+    """`python -m vaswani_transformer.train ...` is the console script (before: it ran nothing and exited 0, so a job
+    written that way "succeeded" without training); the module of two commands (attention) says which to use."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    modules = sorted({target.split(":")[0] for target in scripts.values()})
+    done = subprocess.run([sys.executable, "-c", HELP_UNDER_DASH_M, *modules], env=ENV, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for module, (status, output) in results.items():
+        if module == "vaswani_transformer.attention":
+            assert status == ("python -m vaswani_transformer.attention runs nothing: use vaswani-plot-attention or "
+                              "vaswani-align (scripts/plot_attention.py, scripts/align.py).")  # fmt: skip
+        else:
+            assert status == 0 and "usage:" in output, (module, status, output[-500:])

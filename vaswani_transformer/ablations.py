@@ -522,3 +522,7 @@ __all__ = [
     "train_row",
     "write_csv",
 ]
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.ablations, as the console script
+    sys.exit(main())

@@ -880,3 +880,8 @@ __all__ = [
     "write_attention_html",
     "write_card_attention_picture",
 ]
+
+
+if __name__ == "__main__":  # two commands live here: say which to run
+    sys.exit("python -m vaswani_transformer.attention runs nothing: use vaswani-plot-attention or vaswani-align "
+             "(scripts/plot_attention.py, scripts/align.py).")

@@ -547,3 +547,7 @@ __all__ = [
     "load_trained_model",
     "weights_load_errors",
 ]
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.checkpoints, as the console script
+    sys.exit(main())

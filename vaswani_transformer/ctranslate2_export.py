@@ -573,3 +573,7 @@ __all__ = [
     "translate_tokens",
     "transformer_spec_of",
 ]
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.ctranslate2_export, as the console script
+    sys.exit(main())

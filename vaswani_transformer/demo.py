@@ -37,3 +37,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     options = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
     print(run_demo(args.preset, args.output_dir, **options))
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.demo
+    main()

@@ -570,3 +570,7 @@ __all__ = [
     "split_compounds",
     "tokenized_bleu",
 ]
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.evaluation, as the console script
+    sys.exit(main())

@@ -292,3 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["convert_fairseq", "convert_state_dict", "config_from_fairseq", "read_fairseq_dictionary", "main"]
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.fairseq_import, as the console script
+    sys.exit(main())

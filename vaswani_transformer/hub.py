@@ -610,3 +610,7 @@ __all__ = [
     "write_model_card",
     "write_repository_extras",
 ]
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.hub, as the console script
+    sys.exit(main())

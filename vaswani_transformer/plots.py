@@ -470,3 +470,7 @@ __all__ = [
     "position_encoding",
     "position_similarity",
 ]
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.plots, as the console script
+    sys.exit(main())

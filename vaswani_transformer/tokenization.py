@@ -358,3 +358,7 @@ def main(argv=None) -> int:
     model = type(tokenizer.backend_tokenizer.model).__name__.lower()
     print(f"Saved a {model} tokenizer with {len(tokenizer)} tokens to {args.output_dir}")
     return 0
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.tokenization, as the console script
+    sys.exit(main())

@@ -1096,3 +1096,7 @@ __all__ = [
     "run_training",
     "truncate_long_sources",
 ]
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.train, as the console script
+    sys.exit(main())

@@ -835,3 +835,7 @@ __all__ = [
     "translate_file",
     "translate_lines",
 ]
+
+
+if __name__ == "__main__":  # python -m vaswani_transformer.translate, as the console script
+    sys.exit(main())

@@ -196,6 +196,30 @@ def test_bad_inputs_name_the_file_and_line(tmp_path):
         load_parallel_dataset(dataset_name=str(tmp_path / "enfr_translation"))
 
 
+def test_conflicting_data_sources_and_a_header_of_other_columns_are_errors(tmp_path):
+    """Nothing given is silently set aside (before, each of these loaded without a word): files beside a dataset
+    (which gives every split), a configuration name for a save_to_disk folder (which has none), and a TSV first line
+    that is a header of other columns (one of the languages and another, or source/target), which trained as a pair
+    with the other language's column in place of the target's."""
+    cache = str(tmp_path / "cache")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"en": ["a"], "de": ["b"]})}).save_to_disk(
+        str(tmp_path / "ende"))
+    (tmp_path / "v.tsv").write_text("one\teins\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"Both dataset_name \(.*ende\) and validation_file, test_file given"):
+        load_parallel_dataset(dataset_name=str(tmp_path / "ende"), validation_file=str(tmp_path / "v.tsv"),
+                              test_file=str(tmp_path / "v.tsv"), cache_dir=cache)  # fmt: skip
+    with pytest.raises(ValueError, match=r"dataset_config_name \(de-en\) names a configuration of a Hub dataset"):
+        load_parallel_dataset(dataset_name=str(tmp_path / "ende"), dataset_config_name="de-en", cache_dir=cache)
+    for header in ("en\tfr", "source\ttarget", "Src\tTgt"):
+        (tmp_path / "h.tsv").write_text(f"{header}\nHello\tBonjour\n", encoding="utf-8")
+        with pytest.raises(ParallelDataError, match=r"h\.tsv:1: the first line .* looks like a header, but a header "
+                                                    r"names the two languages, en and de"):  # fmt: skip
+            load_parallel_dataset(train_file=str(tmp_path / "h.tsv"), cache_dir=cache)
+    (tmp_path / "h.tsv").write_text("Hello\tHallo\nen\tfr\n", encoding="utf-8")  # not the first line: a pair
+    assert load_parallel_dataset(train_file=str(tmp_path / "h.tsv"), cache_dir=cache)["train"][1]["translation"] == {
+        "en": "en", "de": "fr"}  # fmt: skip
+
+
 def expected_reasons(pairs, tokenizer, max_src, max_tgt, max_ratio):
     """Brute-force reference for the filter: first broken rule per pair, in FILTER_RULES order."""
     reasons = []

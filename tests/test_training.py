@@ -458,6 +458,14 @@ def test_training_arguments_that_would_be_ignored_are_errors_naming_what_to_set(
         parse_arguments([str(recipe)])
 
 
+def test_a_synthetic_task_beside_a_dataset_is_an_error(tmp_path):
+    """--synthetic_task with --dataset_name: the dataset would be trained on and the task only written (before, so
+    without a word)."""
+    with pytest.raises(ValueError, match=r"Both --synthetic_task \(reverse\) and --dataset_name \(some/data\) given"):
+        run_from_args(["--output_dir", str(tmp_path / "out"), "--do_train", "--synthetic_task", "reverse",
+                       "--dataset_name", "some/data", "--use_cpu", "--report_to", "none"])  # fmt: skip
+
+
 def test_a_preset_beside_a_config_name_and_tokenizer_options_beside_a_tokenizer_name_are_errors(tmp_path):
     """--preset with --config_name (the config sets the model; the preset's would be dropped while its training
     values applied) and --tokenizer_vocab_size / --tokenizer_model with --tokenizer_name or --model_name_or_path

@@ -126,6 +126,20 @@ def _is_tsv_header(fields: list[str], source_lang: str, target_lang: str) -> boo
     return len(fields) == 2 and set(fields) == {source_lang, target_lang}
 
 
+def _check_tsv_first_line(fields: list[str], source_lang: str, target_lang: str, path: str) -> None:
+    """A ParallelDataError for a first line that is a header of other columns (one of the languages and another, or
+    source/target): read as a pair, it would train on the header and on a column of another language."""
+    if len(fields) != 2 or _is_tsv_header(fields, source_lang, target_lang):
+        return
+    named = [field.strip().lower() for field in fields]
+    if source_lang in fields or target_lang in fields or named in (["source", "target"], ["src", "tgt"]):
+        raise ParallelDataError(
+            f"{path}:1: the first line ({fields[0]!r}, {fields[1]!r}) looks like a header, but a header names the two "
+            f"languages, {source_lang} and {target_lang} (in either order), so that the columns can be told apart. "
+            "Fix the header (or the --source_lang/--target_lang), or remove the line."
+        )
+
+
 def first_pair_line(path: str, source_lang: str, target_lang: str) -> int:
     """The line of a data file (or of both files of a text pair) that holds its first pair: 2 for a TSV file opened by
     a header line, else 1. Pair *i* of the loaded split (0-based) is on line ``i + first_pair_line(...)``."""
@@ -155,6 +169,8 @@ def _generate_pairs(spec: str) -> Iterator[dict[str, dict[str, str]]]:
                 if n == 1 and _is_tsv_header(fields, src, tgt):
                     order = tuple(fields)  # header line naming the columns
                     continue
+                if n == 1:
+                    _check_tsv_first_line(fields, src, tgt, path)
                 if line == "":
                     yield _pair(src, tgt, "", "")
                     continue
@@ -304,12 +320,25 @@ def load_parallel_dataset(
 
     if dataset_name is None and not (train_file or validation_file or test_file):
         raise ValueError("Need `dataset_name` or at least one of `train_file`, `validation_file`, `test_file`.")
+    files = [name for name, path in (("train_file", train_file), ("validation_file", validation_file),
+                                     ("test_file", test_file)) if path]  # fmt: skip
+    if dataset_name is not None and files:
+        raise ValueError(
+            f"Both dataset_name ({dataset_name}) and {', '.join(files)} given: the dataset gives every split, so the "
+            "files would be ignored. Give one or the other (a split of your own: save the dataset with it, or convert "
+            "the dataset's splits to files)."
+        )
     if source_lang == target_lang:
         raise ValueError(f"source_lang and target_lang are both {source_lang!r}.")
     if dataset_name is not None:
         if os.path.isdir(dataset_name) and any(
             os.path.isfile(os.path.join(dataset_name, f)) for f in ("dataset_dict.json", "state.json")
         ):
+            if dataset_config_name is not None:
+                raise ValueError(
+                    f"dataset_config_name ({dataset_config_name}) names a configuration of a Hub dataset; "
+                    f"{dataset_name} is a folder written by save_to_disk, which has none."
+                )
             loaded = datasets.load_from_disk(dataset_name)
             if isinstance(loaded, Dataset):
                 loaded = DatasetDict({"train": loaded})

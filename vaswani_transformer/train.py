@@ -537,6 +537,9 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def _prepare_data(model_args, data_args, training_args):
+    if data_args.synthetic_task is not None and data_args.dataset_name is not None:
+        raise ValueError(f"Both --synthetic_task ({data_args.synthetic_task}) and --dataset_name "
+                         f"({data_args.dataset_name}) given: the dataset would be trained on; give one or the other.")
     if data_args.synthetic_task is not None:
         paths = write_synthetic_task(
             os.path.join(training_args.output_dir, "synthetic_data"),

@@ -183,6 +183,10 @@ def test_bad_inputs_name_the_file_and_line(tmp_path):
     (tmp_path / "f.jsonl").write_text('{"translation": {"en": "a", "de": "b"}}\n{"en": "a", "de": "b"}\n{oops\n')
     with pytest.raises(ParallelDataError, match=r'f\.jsonl:2: expected an object with a "translation" object'):
         load_parallel_dataset(train_file=str(tmp_path / "f.jsonl"), cache_dir=cache)
+    (tmp_path / "g.jsonl").write_text('{"translation": {"en": "a", "de": "b"}}\n{"translation": {"en": "a", "de": '
+                                      '"b", "en": "c"}}\n')  # a key twice: json kept the last one without a word
+    with pytest.raises(ParallelDataError, match=r"g\.jsonl:2: 'en' given twice; keep one"):
+        load_parallel_dataset(train_file=str(tmp_path / "g.jsonl"), cache_dir=cache)
 
     with pytest.raises(ParallelDataError, match="expected a .jsonl/.json or .tsv file, or a prefix with"):
         load_parallel_dataset(train_file=str(tmp_path / "nothing"), cache_dir=cache)

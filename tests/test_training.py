@@ -531,6 +531,26 @@ def test_unknown_recipe_key_lists_valid_ones(tmp_path):
     assert "Valid keys:" in message and "warmup_steps" in message and "preset" in message
 
 
+def test_a_recipe_key_given_twice_and_a_sample_count_below_1_are_errors(tmp_path):
+    """A key given twice in a YAML or JSON recipe (nested config_overrides too) is an error naming it and where (YAML
+    and json kept the last one without a word); --max_*_samples 0 is an error (it left a split without pairs, which
+    failed later with datasets' 'Column name [...] not in the dataset')."""
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text("max_steps: 800\nwarmup_steps: 4\nmax_steps: 5\n")
+    with pytest.raises(ValueError, match=r"twice\.yaml: 'max_steps' is given twice \(lines 1 and 3\); keep one"):
+        load_recipe(recipe)
+    recipe.write_text("config_overrides:\n  d_model: 32\n  d_model: 64\n")
+    with pytest.raises(ValueError, match=r"'d_model' is given twice \(lines 2 and 3\)"):
+        load_recipe(recipe)
+    recipe = tmp_path / "twice.json"
+    recipe.write_text('{"max_steps": 800, "warmup_steps": 4, "max_steps": 5}')
+    with pytest.raises(ValueError, match=r"twice\.json: 'max_steps' given twice; keep one"):
+        load_recipe(recipe)
+    for flag in ("--max_train_samples", "--max_eval_samples", "--max_predict_samples"):
+        with pytest.raises(ValueError, match=rf"{flag[2:]} must be at least 1, got 0"):
+            parse_arguments(["--output_dir", str(tmp_path), flag, "0"])
+
+
 def test_unknown_preset_and_config_field(tmp_path):
     data = write_fixture(tmp_path / "data", n_train=20)
     with pytest.raises(ValueError, match="Unknown preset 'huge'.*Valid presets: base, big"):

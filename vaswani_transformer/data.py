@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import Sampler
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerBase
 
-from .textio import TextFileError, count_lines, decode_line
+from .textio import TextFileError, count_lines, decode_line, unique_keys
 
 if TYPE_CHECKING:  # imported where used: `datasets` (with pandas, pyarrow) adds ~0.5 s to vaswani-translate's start
     from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
@@ -188,9 +188,11 @@ def _generate_pairs(spec: str) -> Iterator[dict[str, dict[str, str]]]:
                     yield _pair(src, tgt, "", "")  # counted as empty by the filter, not silently skipped
                     continue
                 try:
-                    record = json.loads(line)
+                    record = json.loads(line, object_pairs_hook=unique_keys)
                 except json.JSONDecodeError as err:
                     raise ParallelDataError(f"{path}:{n}: invalid JSON ({err.msg}).") from None
+                except ValueError as err:  # a key twice
+                    raise ParallelDataError(f"{path}:{n}: {err}") from None
                 translation = record.get("translation") if isinstance(record, dict) else None
                 if not isinstance(translation, dict):
                     raise ParallelDataError(f'{path}:{n}: expected an object with a "translation" object.')

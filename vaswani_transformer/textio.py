@@ -20,6 +20,7 @@ import stat
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 
 PathLike = str | os.PathLike
@@ -38,6 +39,16 @@ class DirectoryNotFileError(IsADirectoryError, FileNotFoundError):
 def is_stdio(path: PathLike | None) -> bool:
     """True for None and "-", the command-line spellings of stdin/stdout."""
     return path is None or os.fspath(path) == "-"
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s `object_pairs_hook`: a key given twice in one object is a ValueError naming it (json keeps the
+    last one without a word)."""
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ValueError(f"{', '.join(map(repr, twice))} given twice; keep one.")
+    return dict(pairs)
 
 
 def decode_line(raw: bytes | str, name: PathLike, line_number: int) -> str:

@@ -76,7 +76,7 @@ from .hardware import emulated_precision_warning, has_native_bf16, keep_freed_cp
 from .hub import push_trained_model, write_repository_extras
 from .pipeline import source_length_limit, truncate_source
 from .synthetic import TASK_LANGUAGES, write_synthetic_task
-from .textio import write_lines
+from .textio import unique_keys, write_lines
 from .tokenization import check_tokenizer_matches_config, config_kwargs_from_tokenizer, train_tokenizer
 from .trainer import (
     LR_SCHEDULES,
@@ -195,6 +195,11 @@ class DataTrainingArguments:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1 (the </s> token), got {value}; leave it out for the "
                                  "default, max_tokens_per_batch.")
+        for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
+            value = getattr(self, name)  # 0 left a split without pairs, which failed later with datasets' error
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}; leave it out to keep every pair (or leave "
+                                 "out the --do_* flag of that split).")
         ratio = self.max_length_ratio  # longer / shorter side is at least 1: below it drops all, NaN keeps all
         if ratio is not None and not ratio >= 1:
             raise ValueError(f"max_length_ratio (longer side / shorter side) must be at least 1, got {ratio}.")
@@ -308,6 +313,21 @@ def boolean_argument_names() -> set[str]:
     return names
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, a key given twice in one mapping an error naming it and its lines (PyYAML keeps the last
+    one without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise ValueError(f"{key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); "
+                                 "keep one.")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     """Read a YAML or JSON recipe (a mapping of argument names to values); unknown keys are an error listing the
     valid ones (closest first), and so is a boolean for an argument that takes none (YAML reads an unquoted ``no`` as
@@ -316,12 +336,15 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"Recipe file not found: {path}")
     text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json":
-        recipe = json.loads(text)
-    elif path.suffix.lower() in (".yaml", ".yml"):
-        recipe = yaml.safe_load(text)
-    else:
+    if path.suffix.lower() not in (".json", ".yaml", ".yml"):
         raise ValueError(f"{path}: a recipe must be a .yaml, .yml or .json file.")
+    try:
+        if path.suffix.lower() == ".json":
+            recipe = json.loads(text, object_pairs_hook=unique_keys)
+        else:
+            recipe = yaml.load(text, Loader=_UniqueKeyLoader)
+    except ValueError as error:  # (a key twice; json's own syntax errors are ValueErrors too)
+        raise ValueError(f"{path}: {error}") from None
     if recipe is None:
         recipe = {}
     if not isinstance(recipe, dict):

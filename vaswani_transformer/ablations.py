@@ -111,7 +111,7 @@ def scaled_row(row: str, scale_factor: float = 1) -> dict[str, Any]:
             raise ValueError(
                 f"scale_factor {scale_factor:g} does not divide {name}={values[name]} of row {row!r} "
                 f"({values[name]} / {scale_factor:g} = {scaled:g}): choose a factor that divides d_model, d_ff, d_k "
-                "and d_v of every chosen row (2, 4 or 8 do for all rows but B-dk16 at 32)."
+                "and d_v of every chosen row (2, 4, 8 and 16 do for every row; 32 not for A-h32 and B-dk16)."
             )
         values[name] = int(scaled)
     return {"config": values,

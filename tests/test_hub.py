@@ -213,6 +213,15 @@ def test_card_names_the_decoding_of_an_evaluate_model_report(saved):
     report = evaluate_model(model, SOURCES[:2], REFERENCES[:2], tokenizer=tokenizer, source_lang="en",
                             target_lang="de", decoding={"length_penalty_type": "transformers"})  # fmt: skip
     assert "length_penalty_type=transformers," in eval_results_for_card([report], "en", "de")[2]
+    # two test sets, decoded differently, or one of them scored from hypotheses as given: each named with its own
+    # (before, the one decoding was written for both)
+    greedy = evaluation_report(["a b c d"], ["a b c d"], source_lang="en", target_lang="de", decoding={"num_beams": 1},
+                               source_file="data/newstest2014.en")  # fmt: skip
+    given = evaluation_report(["a b c d"], ["a b c e"], source_lang="en", target_lang="de",
+                              source_file="data/newstest2013.en")  # fmt: skip
+    text = eval_results_for_card([greedy, given], "en", "de")[2]
+    assert text == "newstest2014.en: num_beams=1; newstest2013.en: not recorded", text
+    assert eval_results_for_card([given], "en", "de")[2] is None  # the card then names the generation config
 
 
 def test_trainer_runs_get_the_same_repository(tmp_path, saved):

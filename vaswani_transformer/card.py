@@ -241,7 +241,7 @@ _METRICS = (  # report key, signature key, model-index type, display name
 def eval_results_for_card(reports: Sequence[dict], source_lang: str | None, target_lang: str | None):
     """(model-index `EvalResult`s, rows for the card's table, decoding text) from evaluation reports."""
     task_name = f"Translation {source_lang}-{target_lang}" if source_lang and target_lang else "Translation"
-    results, rows, decodings = [], [], []
+    results, rows, decodings = [], [], []  # decodings: (test set, its decoding's text or None) per report
     for report in reports:
         dataset = _dataset_of(report)
         for key, signature_key, metric_type, metric_name in _METRICS:
@@ -265,9 +265,14 @@ def eval_results_for_card(reports: Sequence[dict], source_lang: str | None, targ
             # what the evaluation passed (translate_lines' arguments, --decoding); None keeps the model's config
             passed = {k: v for k, v in decoding.items() if k in PAPER_GENERATION_DEFAULTS and v is not None}
             shown.update({k: v for k, v in passed.items() if k != "early_stopping"})
-        if shown:
-            decodings.append(", ".join(f"{k}={_format_value(v)}" for k, v in shown.items()))
-    decoding_text = "; ".join(dict.fromkeys(decodings)) if decodings else None
+        decodings.append((dataset["name"], ", ".join(f"{k}={_format_value(v)}" for k, v in shown.items()) or None))
+    texts = list(dict.fromkeys(text for _, text in decodings))
+    if texts in ([], [None]):
+        decoding_text = None
+    elif len(texts) == 1:
+        decoding_text = texts[0]
+    else:  # each test set with its own (a report of hypotheses scored as given records none)
+        decoding_text = "; ".join(f"{name}: {text or 'not recorded'}" for name, text in dict.fromkeys(decodings))
     return results, rows, decoding_text
 
 

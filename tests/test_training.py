@@ -614,11 +614,11 @@ def test_training_whose_filters_drop_every_pair_is_an_error_naming_the_counts_an
         assert str(error.value) == (f"The filters dropped all 20 training pairs, so training would make no update: "
                                     f"{named} Raise the limits named, or check the training data.")  # fmt: skip
         assert sorted(p.name for p in out.iterdir()) == ["tokenizer"]
-    # an empty training split, before anything is written (a data file without pairs is the loader's error)
+    # no training pair asked for, before anything is written (a data file without pairs is the loader's error)
     with pytest.raises(ValueError) as error:
         run_from_args(tiny_args(data, tmp_path / "out2", "--max_steps", "2", "--max_train_samples", "0"))
-    assert str(error.value) == ("The training split holds no pairs after --max_train_samples 0, so training would make "
-                                "no update: give training data with pairs, or leave --do_train out.")
+    assert str(error.value) == ("max_train_samples must be at least 1, got 0; leave it out to keep every pair (or "
+                                "leave out the --do_* flag of that split).")
     assert not (tmp_path / "out2").exists()
 
 

@@ -313,19 +313,23 @@ def boolean_argument_names() -> set[str]:
     return names
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, a key given twice in one mapping an error naming it and its lines (PyYAML keeps the last
-    one without a word)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise ValueError(f"{key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); "
-                                 "keep one.")
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep)
+def _check_yaml_keys_once(text: str) -> None:
+    """A ValueError naming a key given twice in one mapping of a YAML text and its lines (PyYAML's loaders keep the
+    last one without a word); from the composed nodes, which construct no Python objects."""
+    pending = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, value_node in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+                if key is not None and key in seen:
+                    raise ValueError(f"{key!r} is given twice (lines {seen[key] + 1} and "
+                                     f"{key_node.start_mark.line + 1}); keep one.")  # fmt: skip
+                seen[key] = key_node.start_mark.line
+                pending.append(value_node)
+        elif isinstance(node, yaml.SequenceNode):
+            pending.extend(node.value)
 
 
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
@@ -342,7 +346,8 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
         if path.suffix.lower() == ".json":
             recipe = json.loads(text, object_pairs_hook=unique_keys)
         else:
-            recipe = yaml.load(text, Loader=_UniqueKeyLoader)
+            _check_yaml_keys_once(text)
+            recipe = yaml.safe_load(text)
     except ValueError as error:  # (a key twice; json's own syntax errors are ValueErrors too)
         raise ValueError(f"{path}: {error}") from None
     if recipe is None:
@@ -819,11 +824,9 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
             by = f" (set by --eval_strategy {strategy.value})" if flag == "do_eval" and strategy != "no" else ""
             raise ValueError(f"--{flag}{by} scores the {split} set, but there is none: give {file_flag} (or a dataset "
                              f"with a {split} split), or leave --{flag} out.")
-    if training_args.do_train and "train" in raw and len(raw["train"]) == 0:  # a Hub split, --max_train_samples 0
-        samples = data_args.max_train_samples
-        after = f" after --max_train_samples {samples}" if samples is not None else ""
-        raise ValueError(f"The training split holds no pairs{after}, so training would make no update: give training "
-                         "data with pairs, or leave --do_train out.")
+    if training_args.do_train and "train" in raw and len(raw["train"]) == 0:  # an empty split of a dataset
+        raise ValueError("The training split holds no pairs, so training would make no update: give training data "
+                         "with pairs, or leave --do_train out.")
     tokenizer = _load_tokenizer(model_args, data_args, training_args, raw)
     model = _load_model(model_args, tokenizer, training_attention(model_args, training_args))
     check_tokenizer_matches_config(tokenizer, model.config)  # before any training

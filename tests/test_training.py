@@ -679,9 +679,10 @@ def test_push_to_hub_uploads_the_tested_averaged_model_with_its_scores_once_the_
         files = sorted(str(f.relative_to(root)) for f in root.rglob("*") if f.is_file())
         files = [f for f in files if not any(Path(f).match(p) or Path(f.split("/")[0]).match(p)
                                              for p in ignore_patterns or [])]  # fmt: skip
+        card = root / "README.md"
         uploads.append({"message": commit_message, "repo_id": repo_id, "files": files,
                         "weights": (root / "model.safetensors").read_bytes(),
-                        "card": (root / "README.md").read_text() if (root / "README.md").is_file() else ""})  # fmt: skip
+                        "card": card.read_text() if card.is_file() else ""})  # fmt: skip
         done = Future()
         done.set_result(type("CommitInfo", (), {"commit_url": f"https://hub.example/{repo_id}/commit/1"})())
         return done if run_as_future else done.result()

@@ -21,7 +21,8 @@ Functions:
 - `validate_repository(folder)`: loads the folder in a fresh Python where `vaswani_transformer` cannot be imported,
   with `trust_remote_code=True`, and checks that the pipeline translates a sentence exactly like `generate` + decode.
 - `push_repository(folder, repo_id, ...)`: validates, then creates the repo and uploads the folder; refuses to upload
-  a folder that fails validation or holds a run's training state or another model (`training_leftovers`). The token comes from the usual login or environment and is never printed.
+  a folder that fails validation or holds a run's training state or another model (`training_leftovers`). The token
+  comes from the usual login or environment and is never printed.
   A Hub that does not answer (no network, a wrong `HF_ENDPOINT`, offline mode) is a `HubUnreachableError`: one line,
   "cannot reach the Hub at <endpoint>: <reason>; nothing was uploaded" (`check_hub_reachable` asks it first).
 - `push_trained_model(trainer, folder, ...)`: `vaswani-train --push_to_hub`'s one push at the end of a run, of the

@@ -173,8 +173,8 @@ def multi_bleu(hypotheses, reference_streams, lowercase: bool = False) -> dict:
     corpus; reference length = the closest to the hypothesis length, the shorter on a tie; brevity penalty
     exp(1 - r/c) when c < r; BLEU = BP * exp(mean of log precisions), 0 when some precision is 0 (no
     smoothing). Also 0 (the script prints 0 or dies) when the references or all hypotheses are empty.
-    ``lowercase`` is the script's ``-lc`` (A-Z only: "Über" stays apart from "über"). Returns score (0-100) and counts, totals, precisions, bp, sys_len,
-    ref_len."""
+    ``lowercase`` is the script's ``-lc`` (A-Z only: "Über" stays apart from "über"). Returns score (0-100) and
+    counts, totals, precisions, bp, sys_len, ref_len."""
     correct, total = [0] * 4, [0] * 4
     sys_len = ref_len = 0
     for i, hypothesis in enumerate(hypotheses):

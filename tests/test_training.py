@@ -1592,6 +1592,40 @@ def test_floating_point_ops_is_transformers_estimate():
     assert trainer.floating_point_ops({"labels": inputs["labels"]}) == 0
 
 
+def test_the_validation_loss_keeps_the_training_precision_and_shows_a_non_finite_sentence(tmp_path):
+    """Under bf16 mixed precision the validation loss is the autocast one with and without generated translations
+    (before, generating computed it in float32: another number for the same model and set). A sentence whose loss is
+    not finite makes the set's loss not finite, as in transformers' evaluation (before, it and its tokens were left
+    out without a word: a healthy-looking loss)."""
+    from datasets import Dataset
+
+    from vaswani_transformer.data import TranslationDataCollator
+    from vaswani_transformer.evaluation import make_compute_metrics
+
+    tokenizer = helpers.tiny_tokenizer()
+    ids = [tokenizer(text).input_ids for text in helpers.SOURCES]
+    dataset = Dataset.from_dict({"input_ids": ids, "labels": ids})
+    losses = {}
+    for generate in (False, True):
+        for bf16 in (False, True):
+            model = helpers.tiny_translation_model(tokenizer, seed=12, init_std=0.5, scale_embedding=True)
+            model.generation_config.max_len_a, model.generation_config.max_len_b = 0, 4
+            args = VaswaniTrainingArguments(
+                output_dir=str(tmp_path / "out"), use_cpu=True, bf16=bf16, report_to="none", disable_tqdm=True,
+                per_device_eval_batch_size=2, predict_with_generate=generate, label_smoothing_factor=0.1,
+            )  # fmt: skip
+            trainer = VaswaniSeq2SeqTrainer(model=model, args=args, data_collator=TranslationDataCollator(tokenizer),
+                                            processing_class=tokenizer,
+                                            compute_metrics=make_compute_metrics(tokenizer, "de") if generate else None)
+            trainer.accelerator.prepare_model(model)
+            losses[generate, bf16] = trainer.evaluate(dataset)["eval_loss"]
+    assert losses[True, True] == losses[False, True] != losses[False, False] == losses[True, False], losses
+    trainer._eval_loss_totals = torch.zeros(2, dtype=torch.float64)  # the evaluation loop's running (sum, tokens)
+    trainer._eval_sentence_losses = torch.tensor([[20.0, 10], [math.inf, 10], [30.0, 10]], dtype=torch.float64)
+    trainer._gather_sentence_losses()
+    assert trainer._eval_loss_totals.tolist() == [math.inf, 30]
+
+
 def test_the_validation_loss_is_the_mean_over_the_sets_target_tokens_whatever_the_batches(tmp_path):
     """The Trainer's eval_loss (and test_loss) is the label-smoothed loss per target token of the whole set, as a
     float64 forward pass of each sentence alone gives it: (1 - eps) * -log p(y) + eps * mean_v -log p(v), summed over

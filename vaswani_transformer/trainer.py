@@ -652,9 +652,7 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         if sentences is None or self._eval_loss_totals is None:
             return
         sentences = self.accelerator.gather_for_metrics(sentences.to(self.args.device)).cpu()
-        finite = sentences[:, 0].isfinite()
-        if self.args.logging_nan_inf_filter and finite.any():  # as transformers filters its per-batch losses
-            sentences = sentences[finite]
+        # every sentence: a non-finite loss shows (as in transformers' evaluation; logging_nan_inf_filter is training's)
         self._eval_loss_totals += sentences.sum(0)
 
     # -- loss
@@ -814,14 +812,15 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         generation_inputs = {k: inputs[k] for k in ("input_ids", "attention_mask") if k in inputs}
         unwrapped = self.accelerator.unwrap_model(model)
         # Decoded as the saved model decodes (mixed precision's autocast would score other translations than the
-        # published model's: its test BLEU, the length penalty chosen on validation); the loss keeps the training's.
+        # published model's: its test BLEU, the length penalty chosen on validation); the loss keeps the training's
+        # precision, as without predict_with_generate.
         with torch.no_grad(), forward_as_saved(unwrapped):
             generated = unwrapped.generate(**generation_inputs, **gen_kwargs)
-            loss = None
-            labels = inputs.get("labels")
-            if labels is not None:
-                with self.compute_loss_context_manager():
-                    loss = self.compute_loss(model, dict(inputs)).detach()
+        loss = None
+        labels = inputs.get("labels")
+        if labels is not None:
+            with torch.no_grad(), self.compute_loss_context_manager():
+                loss = self.compute_loss(model, dict(inputs)).detach()
         self._gather_sentence_losses()
         return loss, generated, labels
 

@@ -864,7 +864,8 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
 
     def training_summary(self) -> dict[str, Any]:
         """What training did, summed over processes. ``updates``, ``*_tokens_seen``, ``wall_time_seconds`` and
-        ``target_tokens_per_second`` cover all training since update 1 (carried across resumes in the checkpoints;
+        ``target_tokens_per_second`` cover all training since update 1 (validation and saves during it included, as
+        in transformers' ``train_runtime``; carried across resumes in the checkpoints;
         None when a resumed checkpoint did not record them); the ``*_this_run`` figures cover this run only;
         ``max_tokens_per_batch`` when batching by tokens (the card of a run folder reads it from there)."""
         totals, start = self.totals, self.totals.at_start

@@ -723,8 +723,9 @@ def test_the_paper_search_takes_transformers_repetition_penalty():
     assert not torch.equal(penalised, model.generate(**inputs, max_len_b=6))
 
 
-def test_learned_positions_cap_the_length_rule_at_the_decoder_positions():
-    """Table 3 row E: source length + 50 may exceed max_position_embeddings; generation stops at the last position."""
+def test_learned_positions_cap_the_length_rule_at_the_decoder_positions(caplog):
+    """Table 3 row E: source length + 50 may exceed max_position_embeddings; generation stops at the last position,
+    with a warning (as the CTranslate2 engine gives; before, without a word)."""
     torch.manual_seed(0)
     config = VaswaniTransformerConfig(
         vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, num_heads=4, d_ff=64, dropout=0.0,
@@ -732,9 +733,12 @@ def test_learned_positions_cap_the_length_rule_at_the_decoder_positions():
     )  # fmt: skip
     model = VaswaniTransformerForConditionalGeneration(config).eval()
     inputs = random_sources(11, lengths=(2, 9, 5))
-    sequences = model.generate(**inputs, suppress_tokens=[EOS, PAD])
+    with caplog.at_level("WARNING", logger="vaswani_transformer.generation"):
+        sequences = model.generate(**inputs, suppress_tokens=[EOS, PAD])
     # The decoder reads the start token and 11 generated tokens (12 positions); the 12th generated token is not read.
     assert [len(tokens) for tokens in hypotheses(sequences)] == [12, 12, 12]
+    assert "Decoding limited to 12 new tokens by the decoder's 12 learned positions, fewer than the length rule" in \
+        caplog.text
     # An explicit longer length fails before decoding, naming what was asked and what fits (not the input)
     for asked, name in ((dict(max_new_tokens=20), "max_new_tokens=20"), (dict(max_length=14), "max_length=14")):
         for decoding in (dict(), dict(num_beams=1)):

@@ -171,6 +171,9 @@ def test_translate_lines_bad_input(saved):
         translate_lines(model, tokenizer, ["a", 3])
     with pytest.raises(ValueError, match="max_tokens must be positive"):
         translate_lines(model, tokenizer, ["a"], max_tokens=0)
+    # one translation per line: an n-best request is refused (it returned the first of each line without a word)
+    with pytest.raises(ValueError, match=r"num_return_sequences=2: translating gives one translation per line"):
+        translate_lines(model, tokenizer, ["a", "b"], num_return_sequences=2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

@@ -274,7 +274,14 @@ class VaswaniGenerationMixin(GenerationMixin):
             if getattr(self.config, "position_encoding", None) == "learned":
                 # The decoder reads every token but the last: at most max_position_embeddings + 1 in all.
                 room = self.config.max_position_embeddings + 1 - prompt_length
+                asked = int(sentence_max_new_tokens.max())
                 sentence_max_new_tokens = sentence_max_new_tokens.clamp(max=max(room, 1))
+                if asked > max(room, 1):  # as the CTranslate2 engine says it (once: translating runs many batches)
+                    logger.warning_once(
+                        f"Decoding limited to {max(room, 1)} new tokens by the decoder's "
+                        f"{self.config.max_position_embeddings} learned positions, fewer than the length rule "
+                        "(max_len_a * source length + max_len_b) allows some sentences."
+                    )
             if self.generation_config.max_new_tokens is not None:  # saved: it would beat a max_length given here
                 generation_config = _with_field(
                     generation_config, kwargs, "max_new_tokens", int(sentence_max_new_tokens.max())

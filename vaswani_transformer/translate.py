@@ -294,6 +294,11 @@ def iter_translation_chunks(
     """`iter_translations`, in lists (`translation_chunks` with `model.generate` as the engine): kwargs named in
     `CHUNKING_KEYWORDS` go to `translation_chunks`, the others to `generate`."""
     batching = {k: kwargs.pop(k) for k in CHUNKING_KEYWORDS if k in kwargs}
+    if kwargs.get("num_return_sequences") not in (None, 1):
+        raise ValueError(
+            f"num_return_sequences={kwargs['num_return_sequences']}: translating gives one translation per line, so "
+            "the others would be thrown away; for n-best lists call model.generate(..., num_return_sequences=N)."
+        )
     overrides = {"num_beams": num_beams, "length_penalty": length_penalty, "max_len_a": max_len_a,
                  "max_len_b": max_len_b}
     generate_kwargs = {**{k: v for k, v in overrides.items() if v is not None}, **kwargs}

@@ -262,6 +262,25 @@ def test_language_pair_of_an_exported_model_is_checked(exported, translation_pip
         translation_pipeline("translation", model=model, tokenizer=tokenizer, tgt_lang="fr")
 
 
+def test_a_pair_asked_of_a_model_that_records_none_is_warned_of_and_rows_take_the_recorded_source(
+    saved, exported, translation_pipeline, caplog
+):
+    """A saved model without `custom_pipelines` cannot check a language pair asked of it: it translates what it was
+    trained on, and says so once (before, 'translation_fr_to_ja' gave the model's German without a word). A model that
+    records its pair reads `{"translation": {...}}` rows by its source language (it asked for src_lang)."""
+    folder, _, _ = saved
+    with caplog.at_level("WARNING", logger="vaswani_transformer.pipeline"):
+        translation_pipeline("translation_fr_to_ja", model=str(folder))
+    assert "records no language pair (`custom_pipelines` in its config.json), so task 'translation_fr_to_ja' cannot be" \
+        " checked" in caplog.text
+    with caplog.at_level("WARNING", logger="vaswani_transformer.pipeline"):
+        translation_pipeline("translation", model=str(folder))("A man.", tgt_lang="ja")
+    assert "so tgt_lang='ja' cannot be checked" in caplog.text
+    translator = translation_pipeline("translation", model=str(exported), trust_remote_code=True)
+    row = {"translation": {"en": "A man.", "de": "Ein Mann."}}
+    assert translator(row) == translator("A man.")
+
+
 def test_learned_positions_truncate_with_warning_or_refuse_when_strict(tmp_path, translation_pipeline, caplog):
     folder = tmp_path / "learned"
     # 12 learned positions: enough for the decoder (max_len_b=10 tokens after <s>), fewer than the long source.

@@ -80,6 +80,15 @@ def parse_translation_task(task: str | None) -> tuple[str | None, str | None] | 
     return (match["src"], match["tgt"]) if match else None
 
 
+def _warn_unchecked_pair(asked: str) -> None:
+    """Once: a language asked for where the model records no pair cannot be checked (it translates as trained)."""
+    logger.warning_once(
+        f"This model records no language pair (`custom_pipelines` in its config.json), so {asked} cannot be checked: "
+        "it translates the pair it was trained on, whatever is asked. A repository exported by vaswani_transformer.hub "
+        "records it."
+    )
+
+
 def model_language_pair(config) -> tuple[str, str] | None:
     """The language pair an exported model records in its `custom_pipelines` ("translation_XX_to_YY"), if any."""
     for task in getattr(config, "custom_pipelines", None) or {}:
@@ -114,8 +123,9 @@ class TranslationPipeline(Pipeline):
 
     Call with a string, a list of strings, a `datasets.Dataset` (rows in the `{"translation": {lang: text}}` form,
     read with the task's source language, or with one text column) or a `KeyDataset`. Returns, per input, a list
-    of `num_return_sequences` dicts `{"translation_text": ...}`; for a string or a list of strings with one return
-    sequence each, the dict itself (as transformers 4's translation pipeline did).
+    of `num_return_sequences` dicts `{"translation_text": ...}`; for a list of strings with one return sequence
+    each, the dict itself per input, and for a string a one-element list of it (as transformers 4's translation
+    pipeline did).
 
     Parameters (at construction or per call): `max_source_length` (truncate longer sources, keeping `</s>`, with a
     warning; learned-position models are always limited to `max_position_embeddings`), `strict` (raise instead of
@@ -164,6 +174,8 @@ class TranslationPipeline(Pipeline):
                 f"Task {self.task!r} asks for {pair[0]}->{pair[1]}, but this model translates "
                 f"{recorded[0]}->{recorded[1]} (use 'translation' or 'translation_{recorded[0]}_to_{recorded[1]}')."
             )
+        if pair is not None and pair[0] is not None and recorded is None:
+            _warn_unchecked_pair(f"task {self.task!r}")
 
     def _sanitize_parameters(
         self, max_source_length=None, strict=None, src_lang=None, tgt_lang=None, return_tensors=None,
@@ -186,7 +198,9 @@ class TranslationPipeline(Pipeline):
         for name, given, expected in (("src_lang", src_lang, known[0]), ("tgt_lang", tgt_lang, known[1])):
             if given is not None and expected is not None and given != expected:  # one pair per model: not ignored
                 raise ValueError(f"{name}={given!r}, but this model translates {known[0]}->{known[1]}.")
-        src_lang = src_lang or task_pair[0]
+            if given is not None and expected is None:
+                _warn_unchecked_pair(f"{name}={given!r}")
+        src_lang = src_lang or known[0]  # (a `{"translation": {...}}` row's source text)
         if src_lang is not None:
             preprocess_params["src_lang"] = src_lang
         forward_params = dict(kwargs)

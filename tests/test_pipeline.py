@@ -234,6 +234,11 @@ def test_dataset_and_key_dataset_inputs(saved, translation_pipeline):
     assert [r[0]["translation_text"] for r in plain(KeyDataset(rows, "text"), batch_size=4)] == expected
     with pytest.raises(ValueError, match="needs the source language"):
         list(plain(rows.select_columns(["translation"])))
+    # a streamed (iterable) dataset, as a generator (it failed: "object of type 'IterableDataset' has no len()")
+    streamed = rows.select_columns(["translation"]).to_iterable_dataset()
+    assert [r[0]["translation_text"] for r in pipe(streamed, batch_size=4)] == expected
+    # return_dict_in_generate (asked, or saved in a generation config) gives the same texts (it failed in reshape)
+    assert texts(pipe(SOURCES[:2], return_dict_in_generate=True, output_scores=True)) == expected[:2]
 
 
 def test_language_pair_of_an_exported_model_is_checked(exported, translation_pipeline):

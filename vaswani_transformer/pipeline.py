@@ -212,8 +212,8 @@ class TranslationPipeline(Pipeline):
         return preprocess_params, forward_params, postprocess_params
 
     def __call__(self, inputs, *args, **kwargs):
-        if _is_hf_dataset(inputs):  # a `datasets.Dataset`: stream its rows like a torch Dataset
-            inputs = _Rows(inputs)
+        if _is_hf_dataset(inputs):  # a `datasets.Dataset`: stream its rows like a torch Dataset; an iterable one as
+            inputs = _Rows(inputs) if hasattr(inputs, "__len__") else iter(inputs)  # a generator
         # The model's packed weights (`packed_cpu_weights`, from its own modeling file: remote code has its own) kept
         # for all batches of one call, where the model does not change; a lazy result packs per batch, as before.
         packed = getattr(sys.modules.get(type(self.model).__module__), "packed_cpu_weights", None)
@@ -271,6 +271,8 @@ class TranslationPipeline(Pipeline):
         else:
             # The tokenizer lets generate read stop strings (`stop_strings=...`, or in a generation config).
             output_ids = self.model.generate(**model_inputs, **{"tokenizer": self.tokenizer, **generate_kwargs})
+        if not isinstance(output_ids, torch.Tensor):  # return_dict_in_generate (given, or saved in the config)
+            output_ids = output_ids.sequences
         output_ids = output_ids.reshape(batch_size, -1, output_ids.shape[-1])
         return {"output_ids": output_ids, "is_empty": is_empty}
 

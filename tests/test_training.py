@@ -632,6 +632,11 @@ def test_a_tokenizer_trained_earlier_in_the_output_dir_is_reused_only_with_the_s
                         (["--tokenizer_model", "wordpiece"], "--tokenizer_model 'wordpiece' (it has 'bpe')")):
         with pytest.raises(ValueError, match=f"holds a tokenizer an earlier run trained with .*{re.escape(said)}"):
             run_from_args(tiny_args(data, out, "--max_steps", "1", *flags))
+    # other data: a tokenizer left by a run on another corpus does not fit this one's (it was reused before)
+    other = write_fixture(tmp_path / "other", n_train=40, seed=1)
+    said = f"--train_file {str(other / 'train')!r} (it has {str(data / 'train')!r})"
+    with pytest.raises(ValueError, match=f"holds a tokenizer an earlier run trained with .*{re.escape(said)}"):
+        run_from_args(tiny_args(other, out, "--max_steps", "1"))
     run_from_args(tiny_args(data, out, "--max_steps", "1"))  # the same options: reused as it is
     assert (out / "tokenizer" / "tokenizer.json").read_bytes() == trained
 

@@ -607,7 +607,11 @@ def _load_tokenizer(model_args, data_args, training_args, raw):
     if name is not None:
         return AutoTokenizer.from_pretrained(name, cache_dir=model_args.cache_dir)
     folder = os.path.join(training_args.output_dir, "tokenizer")
-    asked = {"tokenizer_model": model_args.tokenizer_model, "tokenizer_vocab_size": model_args.tokenizer_vocab_size}
+    asked = {"tokenizer_model": model_args.tokenizer_model, "tokenizer_vocab_size": model_args.tokenizer_vocab_size,
+             # what it was trained on: a tokenizer left by a run on other data or languages would not fit this one's
+             "source_lang": data_args.source_lang, "target_lang": data_args.target_lang,
+             "train_file": os.path.abspath(data_args.train_file) if data_args.train_file else None,
+             "dataset_name": data_args.dataset_name, "dataset_config_name": data_args.dataset_config_name}
     # Every process enters (and leaves) main_process_first exactly once: rank 0 trains, the others then load.
     with training_args.main_process_first(desc="training the tokenizer"):
         if os.path.isfile(os.path.join(folder, "tokenizer.json")):
@@ -635,15 +639,16 @@ TOKENIZER_OPTIONS_FILE = "training_options.json"
 
 
 def _check_earlier_tokenizer(folder: str, asked: dict[str, Any]) -> None:
-    """ValueError when the tokenizer that a run trained earlier in `folder` was trained with other options than this
-    run asks for: reusing it would silently ignore --tokenizer_model / --tokenizer_vocab_size."""
+    """ValueError when the tokenizer that a run trained earlier in `folder` was trained with other options or on other
+    data (languages, train file or dataset) than this run asks for: reusing it would silently ignore
+    --tokenizer_model / --tokenizer_vocab_size, or fit another corpus. What an older record lacks is not compared."""
     options = Path(folder, TOKENIZER_OPTIONS_FILE)
     if not options.is_file():  # trained by a version that did not record its options, or placed there by hand
         logger.warning("%s holds no %s: cannot check that it was trained with %s.", folder, TOKENIZER_OPTIONS_FILE,
                        asked)
         return
     earlier = json.loads(options.read_text(encoding="utf-8"))
-    differ = {k: (earlier.get(k), v) for k, v in asked.items() if earlier.get(k) != v}
+    differ = {k: (earlier[k], v) for k, v in asked.items() if k in earlier and earlier[k] != v}
     if differ:
         said = ", ".join(f"--{k} {v!r} (it has {e!r})" for k, (e, v) in differ.items())
         raise ValueError(

@@ -21,8 +21,9 @@ logger = logging.getLogger(__name__)
 
 def multiplies_natively(dtype: torch.dtype, device_type: str) -> bool:
     """Whether `device_type` ("cpu", "cuda", ...) multiplies `dtype` matrices in hardware. bf16: CPUs with AVX-512
-    BF16 or AMX, CUDA GPUs from Ampere on; fp16: CPUs with AVX-512 FP16 or AMX-FP16, any CUDA GPU; float32/float64
-    everywhere. Other devices (MPS, XPU) are taken at their word: True."""
+    BF16 or AMX (where torch's oneDNN is enabled and may use them), CUDA GPUs from Ampere on; fp16: CPUs with AVX-512
+    FP16 or AMX-FP16 (the same), any CUDA GPU; float32/float64 everywhere. Other devices (MPS, XPU) are taken at their
+    word: True."""
     if dtype not in (torch.bfloat16, torch.float16):
         return True
     if device_type == "cuda":
@@ -31,11 +32,16 @@ def multiplies_natively(dtype: torch.dtype, device_type: str) -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     if device_type != "cpu":
         return True
+    # the instructions, and oneDNN (torch's only path for half-precision products on a CPU) allowed to use them:
+    # disabled (`torch.backends.mkldnn.enabled = False`) or held below them (ONEDNN_MAX_CPU_ISA), it emulates them
+    # ~150x slower than float32
+    library = "_is_mkldnn_bf16_supported" if dtype == torch.bfloat16 else "_is_mkldnn_fp16_supported"
+    onednn = torch.backends.mkldnn.enabled and getattr(torch.ops.mkldnn, library, lambda: True)()
     if dtype == torch.bfloat16:
         probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own CPUID checks
-        return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+        return onednn and any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
     amx_fp16 = getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)()
-    return amx_fp16 or "avx512_fp16" in cpuinfo_field("flags").split()
+    return onednn and (amx_fp16 or "avx512_fp16" in cpuinfo_field("flags").split())
 
 
 def has_native_bf16(device_type: str) -> bool:

@@ -239,6 +239,19 @@ def test_cli_trains_from_files_and_from_parallel_data(tmp_path):
     assert "short.en has 1 lines" in result.stderr and "short.de has 2 lines" in result.stderr
     assert "Traceback" not in result.stderr
 
+    # an empty corpus, dataset options beside --files alone, a vocabulary smaller than asked: said (before, the first
+    # two gave a bytes-only or an unchanged tokenizer and the last only its count, all with status 0)
+    (tmp_path / "blank.txt").write_text("\n  \n", encoding="utf-8")
+    result = _run_cli("--files", "blank.txt", "--output-dir", "tok3", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip() == "error: blank.txt holds no text: a vocabulary needs " \
+        "sentences to learn from.", result.stderr
+    result = _run_cli("--files", "train.en", "--target_lang", "fr", "--streaming", "--output-dir", "tok3", cwd=tmp_path)
+    assert result.returncode == 2 and "--target_lang, --streaming read --dataset_name or --train_file; with --files " \
+        "alone they would be ignored" in result.stderr
+    result = _run_cli("--files", "short.de", "--vocab_size", "8000", "--output-dir", "tok3", "--no_progress",
+                      cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0 and "fewer than the 8000 asked" in result.stderr, result.stderr
+
     # an output folder that is a file: named before training (save_pretrained would only log it, saving nothing)
     result = _run_cli("--files", "train.en", "--vocab-size", "400", "--output-dir", "short.de", cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.strip() == "error: --output_dir short.de is a file, not a folder."

@@ -38,7 +38,7 @@ from transformers import PreTrainedTokenizerFast
 
 from . import cli
 from .data import iter_parallel_texts, load_parallel_dataset
-from .textio import count_lines, iter_text_files
+from .textio import count_lines, iter_lines, iter_text_files
 
 logger = logging.getLogger(__name__)
 
@@ -310,6 +310,16 @@ run_translation.py spells them; the dashed spellings are accepted aliases. Defau
 
 def _train_from_args(args, parser) -> PreTrainedTokenizerFast:
     texts = length = None
+    if not (args.dataset_name or args.train_file):  # options of a dataset would be ignored with --files alone
+        given = [flag for flag, value in (("--dataset_config_name", args.dataset_config_name), ("--source_lang",
+                 args.source_lang), ("--target_lang", args.target_lang), ("--streaming", args.streaming)) if value]
+        if given:
+            parser.error(f"{', '.join(given)} read --dataset_name or --train_file; with --files alone they would be "
+                         "ignored")
+    for path in args.files or ():
+        if not any(line.strip() for line in iter_lines(path)):
+            raise ValueError(f"{path} holds no text: a vocabulary needs sentences to learn from.")
+    args.source_lang, args.target_lang = args.source_lang or "en", args.target_lang or "de"
     if args.dataset_name or args.train_file:
         dataset = load_parallel_dataset(
             dataset_name=args.dataset_name, dataset_config_name=args.dataset_config_name, train_file=args.train_file,
@@ -336,8 +346,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dataset_name", "--dataset-name", help="Hub dataset name or a folder from save_to_disk")
     parser.add_argument("--dataset_config_name", "--dataset-config-name")
     parser.add_argument("--train_file", "--train-file", help="parallel prefix (path/train), .tsv or .jsonl")
-    parser.add_argument("--source_lang", "--source-lang", default="en")
-    parser.add_argument("--target_lang", "--target-lang", default="de")
+    parser.add_argument("--source_lang", "--source-lang", help="default: en")
+    parser.add_argument("--target_lang", "--target-lang", help="default: de")
     parser.add_argument("--streaming", action="store_true", help="read the dataset lazily")
     parser.add_argument("--vocab_size", "--vocab-size", type=int, help="size including the 4 special tokens")
     parser.add_argument("--model", choices=TOKENIZER_MODELS, help="bpe (paper EN-DE) or wordpiece (paper EN-FR)")
@@ -357,6 +367,9 @@ def main(argv=None) -> int:
         return 2
     model = type(tokenizer.backend_tokenizer.model).__name__.lower()
     print(f"Saved a {model} tokenizer with {len(tokenizer)} tokens to {args.output_dir}")
+    if args.vocab_size is not None and len(tokenizer) < args.vocab_size:
+        print(f"warning: {len(tokenizer)} tokens, fewer than the {args.vocab_size} asked: the text had no more "
+              "merges to learn (more text, or a smaller --vocab_size).", file=sys.stderr)
     return 0
 
 

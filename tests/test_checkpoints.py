@@ -205,6 +205,20 @@ def test_a_checkpoint_is_complete_only_when_every_file_loads(tmp_path, damage):
     assert (run / "incomplete-checkpoint-2").is_dir()
 
 
+def test_an_older_checkpoint_half_deleted_by_the_rotation_is_moved_aside_too(tmp_path):
+    """A run killed while transformers' rotation deleted an old checkpoint leaves it half there, its folder the newest
+    by modification time (the order the rotation deletes in): resuming moves it aside, so that the rotation deletes
+    no newer checkpoint in its place and averaging does not take its old weights (before, only incomplete checkpoints
+    newer than the resumed one were moved aside)."""
+    run = tmp_path / "run"
+    for step in (4, 16, 20):
+        resumable_checkpoint(run / f"checkpoint-{step}")
+    (run / "checkpoint-4" / "optimizer.pt").unlink()  # the rotation's rmtree stopped part-way
+    assert find_last_complete_checkpoint(run) == str(run / "checkpoint-20")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-16", "checkpoint-20", "incomplete-checkpoint-4"]
+    assert find_last_complete_checkpoint(run, quarantine=False) == str(run / "checkpoint-20")
+
+
 def test_a_save_only_model_checkpoint_is_kept_and_resuming_from_it_is_an_error_saying_what_to_do(tmp_path):
     """The Trainer writes a checkpoint's weights, then its optimizer, scheduler and rng states, then trainer_state.json
     last; save_only_model skips the states. A whole checkpoint with trainer_state.json and none of the states is a

@@ -227,18 +227,24 @@ def load_trained_model(source: os.PathLike | str, **kwargs):
 def find_last_complete_checkpoint(output_dir: str | os.PathLike, quarantine: bool = True) -> str | None:
     """The newest ``checkpoint-N`` in ``output_dir`` (by N) complete for resuming, or None.
 
-    Incomplete ones newer than it (left by a killed run) are renamed ``incomplete-checkpoint-N`` (or
+    Incomplete ones (left by a killed run: newer ones half-written, older ones half-deleted by the checkpoint
+    rotation, which transformers runs in order of the folders' modification times, so that the half-deleted one,
+    kept as the newest, would be kept again and averaged) are renamed ``incomplete-checkpoint-N`` (or
     ``incomplete-checkpoint-N.K``) with a warning when ``quarantine`` is true, so the Trainer's own checkpoint
-    rotation and later saves never mistake them for real checkpoints. Whole ones a ``save_only_model`` run wrote
-    (`MODEL_ONLY`) are passed over and left in place.
+    rotation, later saves and averaging never mistake them for real checkpoints. Whole ones a ``save_only_model`` run
+    wrote (`MODEL_ONLY`) are passed over and left in place.
     """
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return None
+    found = None
     for p in reversed(find_checkpoints(output_dir)):
+        if found is not None and not quarantine:
+            break
         problem = checkpoint_problem(p, for_resume=True)
         if problem is None:
-            return str(p)
+            found = found or str(p)
+            continue
         if problem == MODEL_ONLY:
             continue
         if quarantine:
@@ -247,9 +253,10 @@ def find_last_complete_checkpoint(output_dir: str | os.PathLike, quarantine: boo
             while target.exists():
                 k += 1
                 target = output_dir / f"incomplete-{p.name}.{k}"
-            logger.warning("Checkpoint %s is incomplete (a run stopped while saving it); moved to %s.", p, target)
+            logger.warning("Checkpoint %s is incomplete (a run stopped while saving or deleting it); moved to %s.", p,
+                           target)  # fmt: skip
             p.rename(target)
-    return None
+    return found
 
 
 NOT_RESUMING = (None, "", "false", "False", False)  # resume_from_checkpoint values that start a new run

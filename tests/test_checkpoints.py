@@ -270,11 +270,39 @@ def test_bad_inputs(tmp_path):
                            rf"checkpoints being averaged .* such as {re.escape(str(run / 'averaged'))}"):  # fmt: skip
             average_checkpoints(source, num_last=2, output_dir=run)
     assert (run / "model.safetensors").read_bytes() == final and not (run / AVERAGING_RECORD_NAME).exists()
-    # Checkpoints of different models cannot be averaged.
+    # Checkpoints of different models cannot be averaged: other shapes, or the same shapes and another config (4
+    # heads instead of 2, which averaged into the newest one's config without a word)
     write_checkpoint(tiny_model(d_model=32), tmp_path / "other" / "checkpoint-3")
-    with pytest.raises(ValueError, match=r"Tensor .* is .* in .*checkpoint-1 but .* in .*checkpoint-3"):
+    with pytest.raises(ValueError, match=r"checkpoint-1 and .*checkpoint-3 are checkpoints of different models "
+                                         r"\(d_model: 16 against 32"):  # fmt: skip
         average_checkpoints([run / "checkpoint-1", tmp_path / "other" / "checkpoint-3"], num_last=2,
                             output_dir=tmp_path / "avg")  # fmt: skip
+    four_heads = tiny_model()
+    four_heads.config.num_heads = 4
+    write_checkpoint(four_heads, tmp_path / "heads" / "checkpoint-3")
+    with pytest.raises(ValueError, match=r"different models \(num_heads: 2 against 4\); averaging them would give"):
+        average_checkpoints([run / "checkpoint-1", tmp_path / "heads" / "checkpoint-3"], num_last=2,
+                            output_dir=tmp_path / "avg")  # fmt: skip
+    for name in ("model.safetensors", "config.json"):
+        (tmp_path / "other" / "checkpoint-3" / name).write_bytes((run / "checkpoint-1" / name).read_bytes())
+    (tmp_path / "other" / "checkpoint-3" / "config.json").write_text(json.dumps(
+        {**json.loads((run / "checkpoint-1" / "config.json").read_text()), "transformers_version": "0.0"}))
+    assert average_checkpoints([run / "checkpoint-1", tmp_path / "other" / "checkpoint-3"], num_last=2,
+                               output_dir=tmp_path / "avg").checkpoints  # bookkeeping fields may differ
+
+
+def test_averaging_again_into_a_folder_leaves_nothing_of_the_earlier_average(tmp_path):
+    """An earlier average's folder (a resumed run's averaged/) holds its scores, card and translations: averaging
+    again replaces the folder whole (before, the earlier test scores stayed beside the new weights and went on their
+    card)."""
+    run = make_run(tmp_path / "run", [1, 2, 3])
+    average_checkpoints(run, num_last=2, output_dir=run / "averaged")
+    (run / "averaged" / "test_results.json").write_text('{"test_bleu": 30.0}')
+    (run / "averaged" / "test_translations.txt").write_text("old\n")
+    average_checkpoints(run, num_last=3, output_dir=run / "averaged")
+    assert not (run / "averaged" / "test_results.json").exists()
+    assert not (run / "averaged" / "test_translations.txt").exists()
+    assert json.loads((run / "averaged" / AVERAGING_RECORD_NAME).read_text())["checkpoints"][0].endswith("checkpoint-1")
 
 
 def test_explicit_list_and_all(tmp_path):

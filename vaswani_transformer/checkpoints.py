@@ -17,6 +17,7 @@ import logging
 import os
 import pickle
 import re
+import shutil
 import sys
 import warnings
 import zipfile
@@ -424,6 +425,8 @@ def average_checkpoints(
     }
     newest = used[0]
     model = _load_with_weights(newest, averaged, model_class)
+    if (output_dir / AVERAGING_RECORD_NAME).is_file():  # an earlier average: its scores, card and translations go too
+        shutil.rmtree(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
 
@@ -439,7 +442,26 @@ def average_checkpoints(
     return result
 
 
+# config.json fields that say how a checkpoint was saved, not what model it is
+_BOOKKEEPING_FIELDS = frozenset({"transformers_version", "_name_or_path", "dtype", "torch_dtype", "auto_map",
+                                 "custom_pipelines", "architectures"})  # fmt: skip
+
+
+def _model_fields(path: Path) -> dict:
+    """The fields of a checkpoint's config.json that define its model (not `_BOOKKEEPING_FIELDS`)."""
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    return {k: v for k, v in config.items() if k not in _BOOKKEEPING_FIELDS}
+
+
 def _check_compatible(path: Path, state: dict, reference_path: Path, reference: dict) -> None:
+    """A ValueError unless `path` holds the model of `reference_path`: the same config fields (heads, the embedding
+    scale and the like give the same shapes for other models) and the same tensors, shapes and dtypes."""
+    fields, reference_fields = _model_fields(path), _model_fields(reference_path)
+    differ = sorted(k for k in fields.keys() | reference_fields.keys() if fields.get(k) != reference_fields.get(k))
+    if differ:
+        shown = ", ".join(f"{k}: {fields.get(k)!r} against {reference_fields.get(k)!r}" for k in differ[:5])
+        raise ValueError(f"{path} and {reference_path} are checkpoints of different models ({shown}); averaging them "
+                         "would give the newest one's config to weights of both.")
     if state.keys() != reference.keys():
         missing = sorted(reference.keys() - state.keys())[:5]
         extra = sorted(state.keys() - reference.keys())[:5]

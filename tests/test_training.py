@@ -1005,6 +1005,21 @@ class _Records(logging.Handler):
         self.logger.removeHandler(self)
 
 
+def test_save_strategy_best_still_saves_and_averages_the_last_update(tmp_path):
+    """save_strategy best saves where an evaluation finds a new best; the last update is saved too, and averaged
+    (before, transformers' rule replaced the end-of-training save: the run ended with checkpoint-2 alone and averaged
+    it). A loss that is 'better' when greater makes update 4 no new best."""
+    data = write_fixture(tmp_path / "data", n_train=60)
+    out = tmp_path / "out"
+    run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_strategy", "best", "--eval_strategy", "steps",
+                            "--eval_steps", "2", "--do_eval", "--predict_with_generate", "false",
+                            "--metric_for_best_model", "loss", "--greater_is_better", "true",
+                            "--average_last_checkpoints", "2"))  # fmt: skip
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    averaged = json.loads((out / "averaged" / "averaged_checkpoints.json").read_text())["checkpoints"]
+    assert [Path(p).name for p in averaged] == ["checkpoint-2", "checkpoint-4"]
+
+
 def test_a_resumed_run_uses_its_own_save_and_logging_intervals(tmp_path):
     """transformers restores the checkpoint's intervals with its trainer state; the resumed run's flags apply instead:
     saved every 4 updates and logged every 2 at first, then every 2 and every update from update 4 to 8."""

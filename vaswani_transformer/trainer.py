@@ -752,6 +752,18 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
                 raise
             self._stop_on_write_failure(error, folder, checkpoint=True)
             raise
+        self._saved_at_step = self.state.global_step
+
+    def _maybe_log_save_evaluate(self, tr_loss, grad_norm, model, trial, *args, **kwargs):
+        """transformers' logging, evaluation and saving; a save asked for before it (the last update's, the time
+        budget's, a timed one: `SaveAtEndCallback` and kin) is made under ``save_strategy="best"`` too, whose rule
+        replaces the request by whether the evaluation found a new best (the run then ended without its last
+        update saved, and averaged older checkpoints)."""
+        asked = self.control.should_save
+        super()._maybe_log_save_evaluate(tr_loss, grad_norm, model, trial, *args, **kwargs)
+        if asked and getattr(self, "_saved_at_step", None) != self.state.global_step:
+            self._save_checkpoint(model, trial)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, push: bool = True) -> None:
         """transformers' saving (pushing with `push_to_hub` where `push`); a failed write is a one-line error."""

@@ -1020,6 +1020,24 @@ def test_save_strategy_best_still_saves_and_averages_the_last_update(tmp_path):
     assert [Path(p).name for p in averaged] == ["checkpoint-2", "checkpoint-4"]
 
 
+def test_with_load_best_model_at_end_the_run_folder_s_score_is_its_weights(tmp_path):
+    """load_best_model_at_end leaves the best checkpoint's weights in the run folder: its validation score is theirs
+    (before, the last update's logged score was written beside them). Here the validation loss rises again at the
+    last update, so that checkpoint-4 is the best."""
+    data = write_fixture(tmp_path / "data", n_train=60)
+    out = tmp_path / "out"
+    run_from_args(tiny_args(data, out, "--max_steps", "6", "--save_steps", "2", "--eval_strategy", "steps",
+                            "--eval_steps", "2", "--do_eval", "--predict_with_generate", "false",
+                            "--load_best_model_at_end", "true", "--metric_for_best_model", "loss",
+                            "--average_last_checkpoints", "2"))  # fmt: skip
+    state = json.loads((out / "trainer_state.json").read_text())
+    logged = {h["step"]: h["eval_loss"] for h in state["log_history"] if "eval_loss" in h and "step" in h}
+    best = int(state["best_model_checkpoint"].rsplit("-", 1)[1])
+    assert best != 6 and (out / "model.safetensors").read_bytes() == \
+        (out / f"checkpoint-{best}" / "model.safetensors").read_bytes()
+    assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == pytest.approx(logged[best], rel=1e-6)
+
+
 def test_a_resumed_run_uses_its_own_save_and_logging_intervals(tmp_path):
     """transformers restores the checkpoint's intervals with its trainer state; the resumed run's flags apply instead:
     saved every 4 updates and logged every 2 at first, then every 2 and every update from update 4 to 8."""

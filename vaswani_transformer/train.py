@@ -1004,7 +1004,10 @@ def _checkpoint_global_step(checkpoint: str) -> int | None:
 
 def _final_step_eval(trainer) -> dict[str, float] | None:
     """The validation metrics the Trainer logged at the run's last update (``eval_steps`` dividing ``max_steps``), or
-    None when it logged none there."""
+    None when it logged none there, or when the model is not the last update's (``load_best_model_at_end`` loaded
+    the best checkpoint's weights, whose score that is not)."""
+    if trainer.args.load_best_model_at_end:
+        return None
     step = trainer.state.global_step
     logged = [h for h in trainer.state.log_history if h.get("step") == step and "eval_loss" in h]
     return {k: v for k, v in logged[-1].items() if k.startswith("eval_")} if logged else None

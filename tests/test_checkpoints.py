@@ -205,6 +205,19 @@ def test_a_checkpoint_is_complete_only_when_every_file_loads(tmp_path, damage):
     assert (run / "incomplete-checkpoint-2").is_dir()
 
 
+def test_a_checkpoint_without_its_random_state_is_not_resumed_from(tmp_path):
+    """transformers writes the random state after the optimizer's and before the trainer state; without it a resumed
+    run's dropout would not continue as the run's (transformers resumes with an info line): incomplete for resuming,
+    whole for averaging (before, complete for both)."""
+    run = tmp_path / "run"
+    older, newest = resumable_checkpoint(run / "checkpoint-1"), resumable_checkpoint(run / "checkpoint-2")
+    (newest / "rng_state.pth").unlink()
+    assert checkpoint_problem(newest, for_resume=True) == "missing rng_state.pth (the random state, written after " \
+        "the optimizer's)"
+    assert checkpoint_problem(newest) is None
+    assert find_last_complete_checkpoint(run) == str(older)
+
+
 def test_an_older_checkpoint_half_deleted_by_the_rotation_is_moved_aside_too(tmp_path):
     """A run killed while transformers' rotation deleted an old checkpoint leaves it half there, its folder the newest
     by modification time (the order the rotation deletes in): resuming moves it aside, so that the rotation deletes

@@ -135,6 +135,8 @@ def checkpoint_problem(path: os.PathLike | str, for_resume: bool = False) -> str
     states = (any(path.glob("optimizer*")), any(path.glob("scheduler*")))
     if for_resume and any(states) and not all(states):
         return "missing optimizer or scheduler state"
+    if for_resume and all(states) and not any(path.glob("rng_state*.pth")):  # written after the states, before the
+        return "missing rng_state.pth (the random state, written after the optimizer's)"  # trainer state
     for file in sorted(path.iterdir()):
         if file.is_dir() and (file.name.startswith(f"{FSDP_MODEL_NAME}_") or file.name.startswith("optimizer_")):
             problem = sharded_folder_problem(file)

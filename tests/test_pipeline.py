@@ -276,8 +276,8 @@ def test_a_pair_asked_of_a_model_that_records_none_is_warned_of_and_rows_take_th
     folder, _, _ = saved
     with caplog.at_level("WARNING", logger="vaswani_transformer.pipeline"):
         translation_pipeline("translation_fr_to_ja", model=str(folder))
-    assert "records no language pair (`custom_pipelines` in its config.json), so task 'translation_fr_to_ja' cannot be" \
-        " checked" in caplog.text
+    said = "records no language pair (`custom_pipelines` in its config.json), so task 'translation_fr_to_ja' cannot"
+    assert said + " be checked" in caplog.text
     with caplog.at_level("WARNING", logger="vaswani_transformer.pipeline"):
         translation_pipeline("translation", model=str(folder))("A man.", tgt_lang="ja")
     assert "so tgt_lang='ja' cannot be checked" in caplog.text

@@ -1005,16 +1005,22 @@ class _Records(logging.Handler):
         self.logger.removeHandler(self)
 
 
+def _run_validated_every_2_updates(tmp_path, *flags: str) -> Path:
+    """A tiny run validated (loss only) every 2 updates, averaging its last 2 checkpoints; its output folder."""
+    data = write_fixture(tmp_path / "data", n_train=60)
+    out = tmp_path / "out"
+    run_from_args(tiny_args(data, out, "--eval_strategy", "steps", "--eval_steps", "2", "--do_eval",
+                            "--predict_with_generate", "false", "--metric_for_best_model", "loss",
+                            "--average_last_checkpoints", "2", *flags))  # fmt: skip
+    return out
+
+
 def test_save_strategy_best_still_saves_and_averages_the_last_update(tmp_path):
     """save_strategy best saves where an evaluation finds a new best; the last update is saved too, and averaged
     (before, transformers' rule replaced the end-of-training save: the run ended with checkpoint-2 alone and averaged
     it). A loss that is 'better' when greater makes update 4 no new best."""
-    data = write_fixture(tmp_path / "data", n_train=60)
-    out = tmp_path / "out"
-    run_from_args(tiny_args(data, out, "--max_steps", "4", "--save_strategy", "best", "--eval_strategy", "steps",
-                            "--eval_steps", "2", "--do_eval", "--predict_with_generate", "false",
-                            "--metric_for_best_model", "loss", "--greater_is_better", "true",
-                            "--average_last_checkpoints", "2"))  # fmt: skip
+    out = _run_validated_every_2_updates(tmp_path, "--max_steps", "4", "--save_strategy", "best",
+                                         "--greater_is_better", "true")  # fmt: skip
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     averaged = json.loads((out / "averaged" / "averaged_checkpoints.json").read_text())["checkpoints"]
     assert [Path(p).name for p in averaged] == ["checkpoint-2", "checkpoint-4"]
@@ -1024,12 +1030,8 @@ def test_with_load_best_model_at_end_the_run_folder_s_score_is_its_weights(tmp_p
     """load_best_model_at_end leaves the best checkpoint's weights in the run folder: its validation score is theirs
     (before, the last update's logged score was written beside them). Here the validation loss rises again at the
     last update, so that checkpoint-4 is the best."""
-    data = write_fixture(tmp_path / "data", n_train=60)
-    out = tmp_path / "out"
-    run_from_args(tiny_args(data, out, "--max_steps", "6", "--save_steps", "2", "--eval_strategy", "steps",
-                            "--eval_steps", "2", "--do_eval", "--predict_with_generate", "false",
-                            "--load_best_model_at_end", "true", "--metric_for_best_model", "loss",
-                            "--average_last_checkpoints", "2"))  # fmt: skip
+    out = _run_validated_every_2_updates(tmp_path, "--max_steps", "6", "--save_steps", "2",
+                                         "--load_best_model_at_end", "true")  # fmt: skip
     state = json.loads((out / "trainer_state.json").read_text())
     logged = {h["step"]: h["eval_loss"] for h in state["log_history"] if "eval_loss" in h and "step" in h}
     best = int(state["best_model_checkpoint"].rsplit("-", 1)[1])

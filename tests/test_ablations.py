@@ -128,6 +128,12 @@ def test_unknown_row_is_an_error_listing_the_valid_ones(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "Unknown Table 3 row 'C-n2' (did you mean 'C-N2'" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()  # refused before anything was made
+    # a beam size that scoring would refuse, refused before a row trains (before: after the first row, which then
+    # recorded it in the settings, so that a corrected rerun was refused too)
+    (tmp_path / "recipe.yaml").write_text("synthetic_task: reverse\n")
+    with pytest.raises(ValueError, match=r"num_beams must be a positive integer \(1 for greedy decoding\), got 0"):
+        run_ablations(tmp_path / "recipe.yaml", ["base"], tmp_path / "out", max_steps=1, num_beams=0)
+    assert not (tmp_path / "out").exists()
 
 
 def float64_nll(reference, data, limit=None) -> tuple[float, int]:

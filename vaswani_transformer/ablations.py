@@ -388,6 +388,9 @@ def run_ablations(recipe_path: str | os.PathLike, rows: Sequence[str], output_di
         raise ValueError("Give a budget per row: max_steps (reproducible) and/or max_train_minutes.")
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be at least 1, got {max_steps}.")
+    if num_beams is not None and (isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1):
+        # before any row trains (scoring refused it after the first row, whose settings then recorded it)
+        raise ValueError(f"num_beams must be a positive integer (1 for greedy decoding), got {num_beams!r}.")
     recipe = load_recipe(recipe_path)
     for key in ("model_name_or_path", "config_name"):
         if recipe.get(key):

@@ -128,3 +128,9 @@ def test_an_output_is_the_input_when_it_is_the_same_regular_file(tmp_path, monke
     with open(source, "rb") as stdin:  # `... --output in.txt < in.txt`
         monkeypatch.setattr(sys, "stdin", stdin)
         assert is_same_file("-", source) and not is_same_file("-", tmp_path / "other.txt")
+
+
+def test_only_one_line_break_is_removed_a_carriage_return_before_it_is_text(tmp_path):
+    path = tmp_path / "cr.txt"
+    path.write_bytes(b"a\r\r\nb\r\n\r\nc\n\rd\r")
+    assert read_lines(path)[0] == ["a\r", "b", "", "c", "\rd"]

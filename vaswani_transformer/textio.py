@@ -52,10 +52,12 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def decode_line(raw: bytes | str, name: PathLike, line_number: int) -> str:
-    """One line of UTF-8 bytes (or text, from a text-only stream) as text without its line break (and without a BOM
-    opening line 1)."""
+    """One line of UTF-8 bytes (or text, from a text-only stream) as text without its one line break (LF, CR LF, or
+    a CR ending the file) and without a BOM opening line 1; a CR before the break is text ("x" CR CR LF is "x" CR)."""
     try:
-        text = (raw.decode("utf-8") if isinstance(raw, bytes) else raw).rstrip("\r\n")
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        text = text[:-1] if text.endswith("\n") else text
+        text = text[:-1] if text.endswith("\r") else text
     except UnicodeDecodeError as err:
         raise TextFileError(f"{name}:{line_number}: invalid UTF-8 ({err.reason} at byte {err.start}).") from None
     return text[1:] if line_number == 1 and text.startswith(_BOM) else text

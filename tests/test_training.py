@@ -961,6 +961,15 @@ def test_end_of_training_is_a_checkpoint_and_is_averaged(tmp_path):
     run_from_args(tiny_args(data, out2, "--max_steps", "4", "--save_steps", "2"), callbacks=[saves2])
     assert saves2.saved_at == [2, 4]
     assert sorted(p.name for p in out2.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    # save_strategy epoch: the epoch's end saves the last update, once (it was saved, then rewritten in place), also
+    # when time-based saves and the time budget ask for it at that update
+    out3, saves3 = tmp_path / "out3", _CountSaves()
+    run_from_args(tiny_args(data, out3, "--max_steps", "3", "--save_strategy", "epoch", "--save_every_minutes",
+                            "1e-9", "--max_train_minutes", "1e-9"), callbacks=[saves3])  # fmt: skip
+    assert saves3.saved_at == [1] and sorted(p.name for p in out3.glob("checkpoint-*")) == ["checkpoint-1"]
+    out4, saves4 = tmp_path / "out4", _CountSaves()
+    run_from_args(tiny_args(data, out4, "--max_steps", "3", "--save_strategy", "epoch"), callbacks=[saves4])
+    assert saves4.saved_at == [3]
 
 
 def test_wall_clock_callbacks_save_and_stop_when_their_minutes_have_passed():

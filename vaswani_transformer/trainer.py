@@ -52,7 +52,7 @@ from accelerate.utils.operations import ConvertOutputsToFp32
 from torch.utils.data import DataLoader, SequentialSampler
 from transformers import Seq2SeqTrainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy, has_length, seed_worker
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy, SaveStrategy, has_length, seed_worker
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .checkpoints import find_last_complete_checkpoint
@@ -456,11 +456,17 @@ class TrainingTotalsCallback(TrainerCallback, ExportableState):
 
 class SaveAtEndCallback(TrainerCallback):
     """Save a checkpoint at the last update (once: nothing more when that update is saved anyway), so that the end of
-    training is a checkpoint like the others, also with time-based saves or ``save_strategy="no"``, and is averaged."""
+    training is a checkpoint like the others, also with time-based saves or ``save_strategy="no"``, and is averaged.
+    Added last: under ``save_strategy="epoch"`` a save asked for at an update that ends the epoch or the training
+    waits for the epoch's end, which saves that update (saved twice, it was rewritten in place: a kill meanwhile
+    spoiled a checkpoint that was complete)."""
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_training_stop or state.global_step >= state.max_steps:
             control.should_save = True
+        epoch_ends = control.should_training_stop or float(state.epoch or 0).is_integer()
+        if args.save_strategy == SaveStrategy.EPOCH and epoch_ends:
+            control.should_save = False  # the epoch's end (transformers' DefaultFlowCallback) saves this update
         return control
 
 

@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from vaswani_transformer import VaswaniTransformerConfig, VaswaniTransformerForConditionalGeneration
-from vaswani_transformer.fairseq_import import config_from_fairseq, convert_fairseq, main, read_fairseq_dictionary
+from vaswani_transformer.fairseq_import import (
+    build_tokenizer,
+    config_from_fairseq,
+    convert_fairseq,
+    main,
+    read_bpe_codes,
+    read_fairseq_dictionary,
+)
 from vaswani_transformer.modeling_vaswani_transformer import tensor2tensor_position_encoding
 
 
@@ -88,10 +95,15 @@ def fairseq_logits(state, source: list[int], prev_output: list[int]) -> torch.Te
 
 
 def fairseq_greedy(state, source: list[int], max_len: int) -> list[int]:
-    """Greedy decoding as fairseq's: the decoder starts from </s> (id 2) and stops at </s>."""
+    """Greedy decoding as fairseq's `SequenceGenerator`: the decoder starts from </s> (id 2) and stops at </s>,
+    never picks <pad> (id 1), nor </s> at the first step (`--min-len` 1, its default)."""
     output = [2]
-    for _ in range(max_len):
-        token = int(fairseq_logits(state, source, output)[-1].argmax())
+    for step in range(max_len):
+        logits = fairseq_logits(state, source, output)[-1]
+        logits[1] = float("-inf")
+        if step < 1:
+            logits[2] = float("-inf")
+        token = int(logits.argmax())
         output.append(token)
         if token == 2:
             break
@@ -226,6 +238,25 @@ def test_converted_model_decodes_as_fairseq(converted):
         assert output[0, 1:].tolist() == to_ours(fairseq_greedy(state, source, 8))[: output.shape[1] - 1]
 
 
+def test_a_converted_model_never_translates_to_nothing_as_fairseq_s_min_len(tmp_path):
+    """fairseq's generator forbids </s> at the first step (`--min-len` 1): the converted model's generation config
+    asks for one new token at least, so a model whose </s> is likeliest everywhere gives one word, not an empty
+    translation (before: [</s>, </s>]), with every beam count."""
+    state = fairseq_state_dict(24)
+    last = f"decoder.layers.{LAYERS - 1}.final_layer_norm.bias"
+    state[last] = state[last] + 4 * state["decoder.output_projection.weight"][2]  # </s> likeliest at every step
+    write_checkpoint(tmp_path / "fairseq", state=state)
+    convert_fairseq(str(tmp_path / "fairseq" / "checkpoint_best.pt"), str(tmp_path / "ours"))
+    model = VaswaniTransformerForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
+    source = [5, 9, 14, 7, 2]
+    expected = fairseq_greedy(state, source, 8)
+    assert len(expected) == 2 and int(fairseq_logits(state, source, [2])[-1].argmax()) == 2  # one word, then </s>
+    for beams in (1, 4):
+        with torch.no_grad():
+            output = model.generate(input_ids=torch.tensor([to_ours(source)]), num_beams=beams, max_new_tokens=8)
+        assert output[0, 1:].tolist() == to_ours(expected), beams
+
+
 def test_tokenizer_is_moses_plus_subword_nmt(converted):
     """Moses (escaped, period split) then subword-nmt BPE with the codes: "dogs" has no merges and becomes
     d@@ o@@ g@@ s; ids are the dictionary's (ours: <pad> and <s> swapped), and `</s>` ends the source."""
@@ -246,11 +277,23 @@ def test_unsupported_checkpoints_are_refused_by_name(tmp_path):
         "pre-LN layers": fairseq_args(encoder_normalize_before=True, decoder_normalize_before=True),
         "activation_fn='gelu'": fairseq_args(activation_fn="gelu"),
         "learned positions": fairseq_args(encoder_learned_pos=True, decoder_learned_pos=True),
+        # the same weights as ours, computing something else: converted silently before
+        "cross_self_attention": fairseq_args(cross_self_attention=True),
+        "encoder_layers_to_keep": fairseq_args(encoder_layers_to_keep="0"),
     }
     for i, (message, args) in enumerate(cases.items()):
         write_checkpoint(tmp_path / str(i), args=args)
         with pytest.raises(ValueError, match=message):
             convert_fairseq(str(tmp_path / str(i) / "checkpoint_best.pt"), str(tmp_path / f"out{i}"))
+    # a weight our model has no place for (NormFormer's head scales) is named, not dropped
+    state = fairseq_state_dict(24)
+    write_checkpoint(tmp_path / "extra", state={**state, "decoder.layers.1.self_attn.c_attn": torch.ones(HEADS)})
+    with pytest.raises(ValueError, match=r"would drop: decoder\.layers\.1\.self_attn\.c_attn"):
+        convert_fairseq(str(tmp_path / "extra" / "checkpoint_best.pt"), str(tmp_path / "out-extra"))
+    write_checkpoint(tmp_path / "nocross", args=fairseq_args(no_cross_attention=True),
+                     state={k: v for k, v in state.items() if "encoder_attn" not in k})  # fmt: skip
+    with pytest.raises(ValueError, match="no_cross_attention"):  # a KeyError's traceback before
+        convert_fairseq(str(tmp_path / "nocross" / "checkpoint_best.pt"), str(tmp_path / "out-nocross"))
     write_checkpoint(tmp_path / "nodict")
     os.remove(tmp_path / "nodict" / "dict.de.txt")
     with pytest.raises(FileNotFoundError, match="dict.de.txt"):
@@ -281,12 +324,19 @@ class NotATensor:
 
 def test_checkpoint_formats_cfg_and_fused_in_proj(tmp_path):
     """fairseq >= 0.10 keeps the hyper-parameters in `cfg["model"]` (here a plain dict), fairseq before 2019 held
-    Q, K and V in one `in_proj_weight`: both convert to the same function."""
+    Q, K and V in one `in_proj_weight` and named the layers' norms `layer_norms.<i>`: both convert to the same
+    function."""
     state = fairseq_state_dict(24, seed=3)
     fused = {k: v for k, v in state.items() if not any(f"attn.{p}_proj" in k for p in "qkv")}
     for name in {k.rsplit(".", 2)[0] for k in state if ".self_attn." in k or ".encoder_attn." in k}:
         fused[f"{name}.in_proj_weight"] = torch.cat([state[f"{name}.{p}_proj.weight"] for p in "qkv"])
         fused[f"{name}.in_proj_bias"] = torch.cat([state[f"{name}.{p}_proj.bias"] for p in "qkv"])
+    # fairseq before 0.6.2 named a layer's norms layer_norms.<i>: fairseq renames them on loading, and so do we
+    norms = {"encoder": ["self_attn", "final"], "decoder": ["self_attn", "encoder_attn", "final"]}
+    for name in [k for k in fused if "_layer_norm." in k]:
+        side, _, layer, norm, kind = name.split(".")
+        fused[f"{side}.layers.{layer}.layer_norms.{norms[side].index(norm[: -len('_layer_norm')])}.{kind}"] = \
+            fused.pop(name)
     write_checkpoint(tmp_path / "old", state=fused)
     write_checkpoint(tmp_path / "new", state=state)
     torch.save({"args": None, "cfg": {"model": vars(fairseq_args())}, "model": state},
@@ -329,3 +379,44 @@ def test_converted_model_exports_to_ctranslate2(converted, tmp_path):
         [[tokens]] = translate_tokens(translator, [tokenizer.convert_ids_to_tokens(source)], num_beams=1,
                                       max_len_a=0, max_len_b=8)  # fmt: skip
         assert tokenizer.convert_tokens_to_ids(tokens) == [i for i in output if i != 2]  # </s> left out
+
+
+def test_bpe_codes_are_applied_as_subword_nmt_and_fastbpe_wrote_them(tmp_path):
+    """subword-nmt 0.2's rule, applied by hand: merges by rank, the last character carrying `</w>`. A merge whose
+    second symbol is a number ("1 9") is a merge, not a count (it was cut to "1": "1990" split into digits); the first
+    of a merge listed twice keeps its rank, as in subword-nmt; fastBPE's counts are dropped; subword-nmt 0.1 codes
+    (no header) and other versions are refused, since FSMT's rule would apply them differently."""
+    symbols = ["<s>", "<pad>", "</s>", "<unk>", "1990", "a@@", "bc@@", "d", "ab@@", "c@@", "the"]
+    (tmp_path / "v02").write_text("#version: 0.2\n1 9\n19 9\n199 0</w>\nb c\na b\nb c\n")
+    (tmp_path / "fastbpe").write_text("t h 50\nth e</w> 40\n")
+    assert read_bpe_codes(str(tmp_path / "v02")) == [("1", "9"), ("19", "9"), ("199", "0</w>"), ("b", "c"), ("a", "b")]
+    assert read_bpe_codes(str(tmp_path / "fastbpe")) == [("t", "h"), ("th", "e</w>")]
+    for codes, text, pieces in (("v02", "1990 abcd", ["1990", "a@@", "bc@@", "d"]), ("fastbpe", "the", ["the"])):
+        tokenizer = build_tokenizer(symbols, str(tmp_path / codes), "en", "de", len(symbols))
+        ours = [{0: 1, 1: 0}.get(i, i) for i in tokenizer(text).input_ids[:-1]]  # our ids -> fairseq's
+        assert ours == [symbols.index(p) for p in pieces], codes
+    (tmp_path / "v01").write_text("t h\nth e\ne </w>\n")
+    with pytest.raises(ValueError, match=r"v01:1: .*version 0\.1"):
+        read_bpe_codes(str(tmp_path / "v01"))
+    (tmp_path / "v03").write_text("#version: 0.3\nt h\n")
+    with pytest.raises(ValueError, match=r"v03:1: .*only version 0\.2"):
+        read_bpe_codes(str(tmp_path / "v03"))
+    (tmp_path / "bad").write_text("#version: 0.2\nt h\nthe\n")
+    with pytest.raises(ValueError, match=r"bad:3: expected a BPE merge"):
+        read_bpe_codes(str(tmp_path / "bad"))
+
+
+def test_dictionaries_are_read_as_fairseq_reads_them(tmp_path):
+    """fairseq's `Dictionary.add_from_file`: each line right-stripped (a trailing space or CR is no part of the
+    word), split at its last space; a word given twice needs `#fairseq:overwrite` (then it is listed again); a count
+    must be a number. Before, "the 10 " was read as the word "the 10" and duplicates were taken."""
+    path = tmp_path / "dict.txt"
+    path.write_bytes(b"the 10 \ncat 9\r\nnew york 8\nthe 7 #fairseq:overwrite\n")
+    assert read_fairseq_dictionary(str(path)) == ["<s>", "<pad>", "</s>", "<unk>", "the", "cat", "new york", "the"]
+    for lines, message in (("the 10\nthe 9\n", r"dict.txt:2: the word 'the' is listed twice"),
+                           ("the ten\n", r"dict.txt:1: expected '<word> <count>"),
+                           ("<unk> 3\n", r"dict.txt:1: the word '<unk>' is listed twice"),
+                           ("the 1\n\n", r"dict.txt:2: expected")):  # fmt: skip
+        path.write_text(lines)
+        with pytest.raises(ValueError, match=message):
+            read_fairseq_dictionary(str(path))

@@ -4,7 +4,8 @@ Supported: fairseq's `transformer`, `transformer_wmt_en_de`, `transformer_vaswan
 `transformer_vaswani_wmt_en_fr_big` and `transformer_wmt_en_de_big` models - post-LN, ReLU, sinusoidal positions,
 embeddings scaled by sqrt(d_model), one dictionary for both languages (`share_all_embeddings`, or identical
 `dict.<src>.txt` and `dict.<tgt>.txt`). Anything else (pre-LN, GELU, learned positions, embedding layer norm,
-adaptive softmax, two dictionaries) is refused with an error naming it.
+adaptive softmax, two dictionaries, cross-self-attention, a weight the conversion does not use) is refused with an
+error naming it.
 
 The conversion:
 - fairseq's sinusoids are the authors' layout (halves, frequencies 10000^(-i/(d/2-1))) at positions starting after
@@ -42,19 +43,26 @@ FAIRSEQ_PADDING_INDEX = 1
 
 
 def read_fairseq_dictionary(path: str) -> list[str]:
-    """fairseq's `Dictionary.load`: the 4 special symbols, then the first word of each `word count [flags]` line."""
+    """fairseq's `Dictionary.load`: the 4 special symbols, then the word of each `word count [#fairseq:overwrite]`
+    line (the line right-stripped, then split at its last space); a word given twice without the flag, or a count
+    that is not a number, is an error naming the line, as in fairseq."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"fairseq dictionary {path} not found (the `dict.<lang>.txt` next to the checkpoint).")
-    symbols = list(FAIRSEQ_SPECIALS)
+    symbols, seen = list(FAIRSEQ_SPECIALS), set(FAIRSEQ_SPECIALS)
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
-            fields = line.rstrip("\n").rsplit(" ", 2)
-            if len(fields) < 2:
-                raise ValueError(f"{path}:{number}: expected '<word> <count>', got {line.rstrip()!r}.")
-            if fields[-1] == "#fairseq:overwrite" and len(fields) == 3:
-                symbols.append(fields[0])
-            else:
-                symbols.append(" ".join(fields[:-1]))
+            word, _, count = line.rstrip().rpartition(" ")
+            overwrite = count == "#fairseq:overwrite"
+            if overwrite:
+                word, _, count = word.rpartition(" ")
+            if not word or not count.lstrip("-").isdigit():
+                raise ValueError(f"{path}:{number}: expected '<word> <count> [#fairseq:overwrite]', got "
+                                 f"{line.rstrip()!r}.")  # fmt: skip
+            if word in seen and not overwrite:
+                raise ValueError(f"{path}:{number}: the word {word!r} is listed twice (fairseq refuses it without "
+                                 "#fairseq:overwrite).")  # fmt: skip
+            symbols.append(word)
+            seen.add(word)
     return symbols
 
 
@@ -91,6 +99,13 @@ def check_supported(args: dict, state: dict) -> None:
             problems.append(f"{a}={args.get(a)} != {b}={args.get(b)}")
     if args.get("decoder_output_dim", args.get("decoder_embed_dim")) != args.get("decoder_embed_dim"):
         problems.append("decoder_output_dim != decoder_embed_dim")
+    if args.get("cross_self_attention"):  # the same weights, another function: nothing else would tell
+        problems.append("cross_self_attention (the decoder attending to the source and itself at once)")
+    if args.get("no_cross_attention"):
+        problems.append("no_cross_attention")
+    for name in ("encoder_layers_to_keep", "decoder_layers_to_keep"):
+        if args.get(name):
+            problems.append(f"{name} (layers pruned on loading)")
     if problems:
         raise ValueError(
             f"Unsupported fairseq model (arch {args.get('arch')!r}): " + "; ".join(problems) + ". Supported: the "
@@ -119,9 +134,49 @@ def _attention(prefix: str, ours: str, state: dict, out: dict):
         out[f"{ours}.o_proj.{kind}"] = state[f"{prefix}.out_proj.{kind}"]
 
 
+# fairseq's names before 2019 for a layer's norms (`upgrade_state_dict_named` renames them when fairseq loads one)
+_OLD_LAYER_NORMS = {"encoder": ("self_attn_layer_norm", "final_layer_norm"),
+                    "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")}  # fmt: skip
+# entries that hold no weight: fairseq's version markers and its sinusoids' device placeholder
+_NOT_WEIGHTS = re.compile(r"(encoder|decoder)\.(version|embed_positions\._float_tensor)")
+
+
+def upgrade_state_dict(state: dict) -> dict:
+    """A state dict with fairseq's current names, as fairseq upgrades an older one when loading it: a layer's
+    `layer_norms.<i>` become its named norms."""
+    upgraded = {}
+    for name, tensor in state.items():
+        match = re.fullmatch(r"(encoder|decoder)(\.layers\.\d+\.)layer_norms\.(\d)\.(weight|bias)", name)
+        if match and int(match[3]) < len(_OLD_LAYER_NORMS[match[1]]):
+            name = f"{match[1]}{match[2]}{_OLD_LAYER_NORMS[match[1]][int(match[3])]}.{match[4]}"
+        upgraded[name] = tensor
+    return upgraded
+
+
+class _ReadKeys(dict):
+    """A dict that records which keys were read, so that a weight the conversion did not use is an error."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self.read.add(key)  # a check of its presence decides how the rest is read
+        return super().__contains__(key)
+
+
 def convert_state_dict(state: dict, config: VaswaniTransformerConfig) -> dict[str, torch.Tensor]:
-    """fairseq's `TransformerModel` state dict -> ours (`VaswaniTransformerForConditionalGeneration`)."""
-    out = {}
+    """fairseq's `TransformerModel` state dict -> ours (`VaswaniTransformerForConditionalGeneration`); a fairseq
+    weight it does not use (a feature our model lacks) is a ValueError naming it."""
+    state, out = _ReadKeys(upgrade_state_dict(state)), {}
     size = config.vocab_size
     encoder_embeddings = _rows(state["encoder.embed_tokens.weight"], size)
     decoder_embeddings = _rows(state["decoder.embed_tokens.weight"], size)
@@ -145,6 +200,10 @@ def convert_state_dict(state: dict, config: VaswaniTransformerConfig) -> dict[st
                 out[f"{ours}.feed_forward.w1.{kind}"] = state[f"{theirs}.fc1.{kind}"]
                 out[f"{ours}.feed_forward.w2.{kind}"] = state[f"{theirs}.fc2.{kind}"]
                 out[f"{ours}.feed_forward_residual.layer_norm.{kind}"] = state[f"{theirs}.final_layer_norm.{kind}"]
+    unused = sorted(k for k in set(state) - state.read if not _NOT_WEIGHTS.fullmatch(k))
+    if unused:
+        raise ValueError(f"The fairseq checkpoint holds weights of a model other than ours, which the conversion "
+                         f"would drop: {', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}.")  # fmt: skip
     return {name: tensor.detach().clone().float() for name, tensor in out.items()}
 
 
@@ -173,6 +232,33 @@ def config_from_fairseq(args: dict, vocab_size: int) -> VaswaniTransformerConfig
     )
 
 
+def read_bpe_codes(path: str) -> list[tuple[str, str]]:
+    """The merges of BPE codes that `FSMTTokenizer` applies as their tool did: subword-nmt's `#version: 0.2` codes
+    (two symbols a line; the end of a word is the last character's `</w>`), or fastBPE's (no header, a count after
+    the two symbols); a merge listed twice keeps its first rank, as subword-nmt's. subword-nmt's codes without a
+    header are its version 0.1, whose `</w>` is a symbol of its own and merges other pairs first: refused, as is any
+    line that is not two symbols (and a count)."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().rstrip("\n").split("\n")
+    header = lines[0].startswith("#version:")
+    if header and lines[0].split()[-1] not in ("0.2", "0.2.0"):
+        raise ValueError(f"{path}:1: BPE codes of subword-nmt {lines[0][1:].strip()}; only version 0.2 is supported.")
+    merges = []
+    for number, line in enumerate(lines[1:] if header else lines, 2 if header else 1):
+        fields = line.strip("\r ").split(" ")
+        counted = len(fields) == 3 and fields[2].isdigit()  # fastBPE writes each merge's count
+        if not header and not counted:
+            raise ValueError(
+                f"{path}:{number}: BPE codes without a '#version: 0.2' line and without counts are subword-nmt's "
+                "version 0.1, which this tokenizer cannot apply as subword-nmt did: relearn the codes with "
+                "subword-nmt >= 0.2, or give codes of version 0.2."
+            )
+        if len(fields) != 2 + counted or not all(fields[:2]):
+            raise ValueError(f"{path}:{number}: expected a BPE merge '<symbol> <symbol>', got {line!r}.")
+        merges.append((fields[0], fields[1]))
+    return list(dict.fromkeys(merges))
+
+
 def build_tokenizer(symbols: list[str], codes: str, source_lang: str, target_lang: str, vocab_size: int):
     """An `FSMTTokenizer` (Moses + subword-nmt BPE) over the fairseq dictionary in our id order."""
     symbols = symbols + [f"madeupword{i:04d}" for i in range(vocab_size - len(symbols))]  # fairseq's padding words
@@ -190,11 +276,8 @@ def build_tokenizer(symbols: list[str], codes: str, source_lang: str, target_lan
         merges_file = os.path.join(folder, "merges.txt")
         with open(vocab_file, "w", encoding="utf-8") as f:
             json.dump(vocab, f, ensure_ascii=False)
-        with open(codes, encoding="utf-8") as f:
-            merges = re.sub(r" \d+$", "", f.read(), flags=re.M)  # subword-nmt codes may carry counts
-        merges = "\n".join(line for line in merges.split("\n") if line and not line.startswith("#version")) + "\n"
         with open(merges_file, "w", encoding="utf-8") as f:
-            f.write(merges)
+            f.write("".join(f"{a} {b}\n" for a, b in read_bpe_codes(codes)))
         return FSMTTokenizer(langs=[source_lang, target_lang], src_vocab_file=vocab_file, tgt_vocab_file=vocab_file,
                              merges_file=merges_file, model_max_length=1024)  # fmt: skip
 
@@ -255,6 +338,7 @@ def convert_fairseq(
     if set(missing) - tied or unexpected:
         raise ValueError(f"Checkpoint does not match the architecture: missing {missing}, unexpected {unexpected}.")
     model.generation_config.beam_search_rules = "fairseq"
+    model.generation_config.min_new_tokens = 1  # fairseq's --min-len 1: </s> is no first word (no empty output)
     model.eval().save_pretrained(output_dir)
     bpe_codes = bpe_codes or os.path.join(folder, "bpecodes")
     if os.path.isfile(bpe_codes):

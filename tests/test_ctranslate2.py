@@ -26,6 +26,7 @@ from vaswani_transformer.ctranslate2_export import (  # noqa: E402
     int8_products_saturate,
     load_translator,
     main,
+    translate_file_ctranslate2,
     translate_lines_ctranslate2,
     translate_tokens,
 )
@@ -197,6 +198,8 @@ VNNI = AVX2 | {"avx512f", "avx512_vnni"}
         ("int8", "AuthenticAMD", AVX2, {"CT2_USE_MKL": "1"}, "x86_64", False),
         ("int8", "AuthenticAMD", AVX2, {"CT2_USE_MKL": "TRUE"}, "x86_64", False),
         ("int8", "AuthenticAMD", AVX2, {"CT2_USE_MKL": "yes"}, "x86_64", True),
+        ("int8", "AuthenticAMD", AVX2, {"CT2_USE_MKL": "True"}, "x86_64", True),  # CTranslate2: 1, true or TRUE only
+        ("int8", "AuthenticAMD", AVX2, {"CT2_USE_MKL": "true"}, "x86_64", False),
         ("int8", "GenuineIntel", AVX2, {}, "x86_64", False),  # MKL
         ("int8", "GenuineIntel", AVX2, {"CT2_USE_MKL": "0"}, "x86_64", True),
         ("int8", "GenuineIntel", VNNI, {"CT2_USE_MKL": "false"}, "x86_64", False),
@@ -466,6 +469,52 @@ def test_the_exported_decoding_reaches_python_users_and_the_folders_readme(train
     with contextlib.redirect_stdout(printed):
         exec(snippet.replace("A man rides a bike.", line), {})
     assert printed.getvalue().strip() == repr(expected)
+
+
+def test_the_generation_config_s_start_end_and_least_length_reach_ctranslate2_and_what_it_cannot_apply_is_refused(
+    trained, tmp_path, caplog
+):
+    """The export decodes from the generation config's decoder start and stops at each of its end tokens, after
+    `min_new_tokens`, as our `generate` does (before: the model config's start, the first end token only, no least
+    length: other translations). With beams, CTranslate2 renormalises after forbidding the end: that is warned about
+    (with a decoder started from </s>, 12 of 32 test translations differed). A field CTranslate2 cannot apply
+    (`no_repeat_ngram_size`) is warned about at export and refused when translating, naming it (before: ignored)."""
+    from collections import Counter
+
+    from vaswani_transformer.ctranslate2_export import decoding_options
+    from vaswani_transformer.translate import translate_lines
+
+    model, tokenizer, test_pairs, folder = trained
+    lines = [s for s, _ in test_pairs[:16]]
+    plain = translate_lines(model, tokenizer, lines, length_penalty_type="transformers")
+    frequent = Counter(i for line in plain for i in tokenizer(line, add_special_tokens=False).input_ids)
+    settings = {"start": dict(decoder_start_token_id=tokenizer.eos_token_id, min_new_tokens=3),
+                "ends": dict(eos_token_id=[tokenizer.eos_token_id, frequent.most_common(1)[0][0]], min_new_tokens=3)}
+    for name, fields in settings.items():
+        tuned = VaswaniTransformerForConditionalGeneration.from_pretrained(folder / "model").eval()
+        tuned.generation_config.update(length_penalty_type="transformers", **fields)
+        tuned.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        export_ctranslate2(str(tmp_path / name), str(tmp_path / f"{name}-ct2"))
+        translator, loaded_tokenizer, defaults = load_translator(str(tmp_path / f"{name}-ct2"), intra_threads=1)
+        for num_beams in (1, 4) if name == "ends" else (1,):
+            expected = translate_lines(tuned, tokenizer, lines, num_beams=num_beams)
+            assert expected != translate_lines(model, tokenizer, lines, num_beams=num_beams,
+                                               length_penalty_type="transformers")  # fmt: skip
+            caplog.clear()
+            with caplog.at_level("WARNING", logger="vaswani_transformer.ctranslate2_export"):
+                options = decoding_options(defaults, num_beams=num_beams)
+            assert ("renormalises" in caplog.text) == (num_beams > 1)
+            got = translate_lines_ctranslate2(translator, loaded_tokenizer, lines, **options)
+            assert got == expected, (name, num_beams)
+    tuned.generation_config.no_repeat_ngram_size = 2
+    tuned.save_pretrained(tmp_path / "ngram")
+    tokenizer.save_pretrained(tmp_path / "ngram")
+    with caplog.at_level("WARNING", logger="vaswani_transformer.ctranslate2_export"):
+        export_ctranslate2(str(tmp_path / "ngram"), str(tmp_path / "ngram-ct2"))
+    assert "no_repeat_ngram_size=2" in caplog.text
+    with pytest.raises(ValueError, match=r"sets no_repeat_ngram_size=2: our generate applies it, CTranslate2 cannot"):
+        translate_file_ctranslate2(str(tmp_path / "ngram-ct2"), str(tmp_path / "in.txt"), str(tmp_path / "out.txt"))
 
 
 def test_translate_cli_engine_ctranslate2(trained, tmp_path):

@@ -169,15 +169,43 @@ def transformer_spec_of(model: VaswaniTransformerForConditionalGeneration, token
     spec.config.layer_norm_epsilon = model.model.encoder.layers[0].self_attn_residual.layer_norm.eps
     # Not read by CTranslate2 (it fails on a longer input without naming it): `translate_lines_ctranslate2` reads it.
     spec.config.add_attribute(MAX_POSITIONS_KEY, max_positions)
-    ids = tokenizer.convert_ids_to_tokens
+    ids, generation = tokenizer.convert_ids_to_tokens, model.generation_config
     spec.config.unk_token = tokenizer.unk_token
     spec.config.bos_token = ids(config.bos_token_id)
-    spec.config.eos_token = ids(config.eos_token_id if isinstance(config.eos_token_id, int) else config.eos_token_id[0])
-    spec.config.decoder_start_token = ids(config.decoder_start_token_id)
+    # as our `generate` takes them: the generation config's, else the model config's (all of them at translation)
+    spec.config.eos_token = ids(end_token_ids(generation.to_dict(), config)[0])
+    start = generation.decoder_start_token_id
+    spec.config.decoder_start_token = ids(start if start is not None else config.decoder_start_token_id)
     tokens = vocabulary(tokenizer, config.vocab_size)
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
     return spec
+
+
+def end_token_ids(generation: dict, config=None) -> list[int]:
+    """The ids that end a translation: the generation config's `eos_token_id` (one or a list), else the model
+    config's."""
+    eos = generation.get("eos_token_id")
+    eos = eos if eos is not None else getattr(config, "eos_token_id", None)
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+# Generation-config fields our `generate` applies and CTranslate2's `translate_batch` does not (or not as ours: its
+# `no_repeat_ngram_size` and `suppress_sequences` gave other tokens), each with the value that changes nothing.
+CTRANSLATE2_IGNORES = {
+    "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0, "suppress_tokens": None, "begin_suppress_tokens": None, "bad_words_ids": None,
+    "sequence_bias": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None, "do_sample": False, "num_beam_groups": 1, "diversity_penalty": 0.0,
+    "force_words_ids": None, "constraints": None, "guidance_scale": None,
+}  # fmt: skip
+
+
+def fields_ctranslate2_ignores(generation: dict) -> list[str]:
+    """`name=value` of each field of a generation config (a dict) that would change our engine's translations and
+    that the CTranslate2 engine cannot apply."""
+    return [f"{name}={generation[name]!r}" for name, neutral in CTRANSLATE2_IGNORES.items()
+            if generation.get(name) not in (None, neutral, [], {})]  # fmt: skip
 
 
 class VaswaniTransformerConverter(Converter):
@@ -216,9 +244,16 @@ def export_ctranslate2(
     converter.tokenizer.save_pretrained(output_dir)
     # Decoding defaults (beam size, alpha, length rule) for `translate.py --engine ctranslate2`.
     converter.generation_config.save_pretrained(output_dir)
+    defaults = _folder_defaults(output_dir)
+    ignored = fields_ctranslate2_ignores(defaults)
+    if ignored:
+        logger.warning("%s: the generation config sets %s, which CTranslate2 cannot apply as our generate does: "
+                       "vaswani-translate --engine ctranslate2 refuses this folder until they are removed from its "
+                       "generation_config.json.", output_dir, ", ".join(ignored))  # fmt: skip
     with open(os.path.join(output_dir, README_NAME), "w", encoding="utf-8") as f:
-        f.write(_readme(model_name_or_path, quantization, converter.exported_positions,
-                        decoding_options(_folder_defaults(output_dir))))  # fmt: skip
+        decoding = decoding_options({k: v for k, v in defaults.items() if k not in CTRANSLATE2_IGNORES})
+        decoding["end_tokens"] = converter.tokenizer.convert_ids_to_tokens(decoding.get("eos_token_ids", []))
+        f.write(_readme(model_name_or_path, quantization, converter.exported_positions, decoding))
     return output_dir
 
 
@@ -232,6 +267,7 @@ this holds.
 
 def _readme(source: str, quantization: str | None, max_positions: int, decoding: dict) -> str:
     beams, alpha, a, b = (decoding[k] for k in ("num_beams", "length_penalty", "max_len_a", "max_len_b"))
+    least, ends = decoding.get("min_new_tokens", 0), decoding.get("end_tokens")
     int8_note = INT8_README_NOTE if (quantization or "").startswith("int8") else ""
     return f"""# CTranslate2 export of {source}
 
@@ -248,8 +284,8 @@ sources = [tokenizer.convert_ids_to_tokens(tokenizer(line).input_ids) for line i
 # the exported generation config's decoding; a sentence's limit is int({a} * its length + {b}) (one per call)
 limit = max(int({a} * len(source) + {b}) for source in sources)
 results = translator.translate_batch(sources, beam_size={beams}, length_penalty={alpha if beams > 1 else 0.0},
-                                     max_decoding_length=min(limit, {max_positions}), min_decoding_length=0,
-                                     return_end_token=True)  # |Y| counts </s>, as in transformers
+                                     max_decoding_length=min(limit, {max_positions}), min_decoding_length={least},
+                                     end_token={ends}, return_end_token=True)  # |Y| counts </s>, as in transformers
 print([tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True) for r in results])
 ```
 
@@ -305,7 +341,7 @@ def int8_products_saturate(compute_type: str, device: str = "cpu", vendor: str |
         return False
     vendor = cpuinfo_field("vendor_id") if vendor is None else vendor
     use_mkl = environ.get("CT2_USE_MKL", "")
-    if (use_mkl.lower() in ("1", "true")) if use_mkl else vendor == "GenuineIntel":
+    if (use_mkl in ("1", "true", "TRUE")) if use_mkl else vendor == "GenuineIntel":  # CTranslate2's own test
         return False  # MKL's int8 products
     flags = set(cpuinfo_field("flags").split()) if flags is None else flags
     cap = (environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "").upper()
@@ -338,6 +374,8 @@ def translate_tokens(
     num_hypotheses: int = 1,
     eos_token: str = "</s>",
     max_positions: int | None = None,
+    min_new_tokens: int = 0,
+    end_tokens: Sequence[str] | None = None,
 ) -> list[list[list[str]]]:
     """Hypotheses (tokens, `</s>` excluded) of each source token list, each sentence with its own length limit.
 
@@ -345,7 +383,9 @@ def translate_tokens(
     table's rows, as our `generate` caps learned positions), with a warning where that cap binds. CTranslate2 takes
     one limit per call, so sentences of equal limits are translated together: a line's translation does not depend
     on the other lines of its batch. `</s>` is counted in |Y| (`return_end_token`), as transformers counts it; and it
-    may come first (`min_decoding_length=0`). A source longer than `max_positions` is a ValueError naming its length
+    may come first unless `min_new_tokens` (`min_decoding_length`) asks for more. `end_tokens` (default `eos_token`)
+    end a translation; a hypothesis keeps the one that ended it unless it is `eos_token`, as our `generate` keeps it
+    in its output. A source longer than `max_positions` is a ValueError naming its length
     (`translate_lines_ctranslate2` truncates first).
     """
     if not sources:
@@ -358,6 +398,7 @@ def translate_tokens(
     for i, source in enumerate(sources):
         groups.setdefault(int(len(source) * (max_len_a or 0) + max_len_b), []).append(i)
     hypotheses: list = [None] * len(sources)
+    ends = list(end_tokens) if end_tokens else [eos_token]
     for limit, members in groups.items():
         if max_positions is not None and limit > max_positions:
             logger.warning("Decoding limited to %d tokens (the export's position table) instead of %d.",
@@ -370,8 +411,9 @@ def translate_tokens(
                 length_penalty=length_penalty if num_beams > 1 else 0.0,
                 num_hypotheses=num_hypotheses,
                 max_decoding_length=limit,
-                min_decoding_length=0,
+                min_decoding_length=min_new_tokens,
                 max_input_length=0,
+                end_token=ends,
                 return_end_token=True,
             )
         except RuntimeError as error:  # a folder exported before its table's size was recorded: no max_positions
@@ -397,18 +439,24 @@ def iter_translation_chunks_ctranslate2(
     max_len_b: int = 50,
     max_source_length: int | None = None,
     max_positions: int | None = None,
+    min_new_tokens: int = 0,
+    eos_token_ids: Sequence[int] | None = None,
     **batching,
 ) -> Iterator[list[str]]:
     """`translate.translation_chunks` with CTranslate2 as the engine (`translate_tokens`): the translations of `lines`
-    in input order, in lists, as each token batch finishes. `batching`: `translate.CHUNKING_KEYWORDS`."""
+    in input order, in lists, as each token batch finishes. `eos_token_ids`: the ids that end a translation (default
+    the tokenizer's `</s>`). `batching`: `translate.CHUNKING_KEYWORDS`."""
     max_source_length = source_length_limit(None, max_source_length)  # at least 1, as our engine's (no config)
     if max_positions is not None:
         max_source_length = min(max_source_length if max_source_length is not None else max_positions, max_positions)
 
+    ends = tokenizer.convert_ids_to_tokens(list(eos_token_ids)) if eos_token_ids else None
+
     def translate_batch(sources: list[list[int]]) -> list[str]:
         hypotheses = translate_tokens(translator, [tokenizer.convert_ids_to_tokens(ids) for ids in sources],
-                                      num_beams, length_penalty, max_len_a, max_len_b, eos_token=tokenizer.eos_token,
-                                      max_positions=max_positions)  # fmt: skip
+                                      num_beams, length_penalty, max_len_a, max_len_b,
+                                      eos_token=tokenizer.eos_token, max_positions=max_positions,
+                                      min_new_tokens=min_new_tokens, end_tokens=ends)  # fmt: skip
         ids = [tokenizer.convert_tokens_to_ids(hyps[0]) for hyps in hypotheses]
         return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
@@ -430,17 +478,22 @@ def translate_lines_ctranslate2(
     max_positions: int | None = None,
     window: int | None = DEFAULT_WINDOW,
     show_progress: bool | None = None,
+    min_new_tokens: int = 0,
+    eos_token_ids: Sequence[int] | None = None,
 ) -> list[str]:
     """One translation per line, as `translate.translate_lines` does with our model: an empty or whitespace-only line
     gives "", windows of `window` lines sorted into batches of at most `max_tokens` source tokens (padding included),
     longer sources cut to `max_source_length` tokens (keeping `</s>`) with a warning naming the line, or refused with
     `strict`. `max_positions` (`load_translator`'s defaults) is the export's position table: a lower source limit,
-    and the most tokens decoding may generate (as learned positions limit our own `translate_lines`)."""
+    and the most tokens decoding may generate (as learned positions limit our own `translate_lines`).
+    `min_new_tokens` and `eos_token_ids` (`decoding_options` takes them from the folder's generation config): the
+    fewest tokens before the end, and the ids that end a translation (default the tokenizer's `</s>`)."""
     lines = list(lines)
     chunks = iter_translation_chunks_ctranslate2(
         translator, tokenizer, lines, num_beams=num_beams, length_penalty=length_penalty, max_len_a=max_len_a,
         max_len_b=max_len_b, max_source_length=max_source_length, max_positions=max_positions, window=window,
         max_tokens=max_tokens, strict=strict, show_progress=show_progress, total=len(lines), source_name=source_name,
+        min_new_tokens=min_new_tokens, eos_token_ids=eos_token_ids,
     )  # fmt: skip
     return [text for chunk in chunks for text in chunk]
 
@@ -463,8 +516,25 @@ def length_rule(defaults: dict, max_len_a: float | None = None, max_len_b: float
 
 def decoding_options(defaults: dict, **given) -> dict:
     """Keyword arguments for `translate_lines_ctranslate2`: `given` (None: not given) over the exported folder's
-    `defaults` (`load_translator`'s: its generation config's beam size, alpha and length, and `max_positions`)."""
+    `defaults` (`load_translator`'s: its generation config's beam size, alpha, length, least length (`min_new_tokens`,
+    or `min_length` less the start token) and end tokens, and `max_positions`). A ValueError names the generation
+    config's fields CTranslate2 cannot apply (`fields_ctranslate2_ignores`), which would change the translations."""
+    ignored = fields_ctranslate2_ignores(defaults)
+    if ignored:
+        raise ValueError(f"The export's generation_config.json sets {', '.join(ignored)}: our generate applies it, "
+                         "CTranslate2 cannot, so its translations would differ. Translate with our engine (the model "
+                         "folder), or remove the field from the export's generation_config.json.")  # fmt: skip
     options = dict(given)
+    least = max(defaults.get("min_new_tokens") or 0, (defaults.get("min_length") or 0) - 1)  # min_length has the start
+    if options.get("min_new_tokens") is None and least > 0:
+        options["min_new_tokens"] = least
+    if options.get("eos_token_ids") is None and end_token_ids(defaults):
+        options["eos_token_ids"] = end_token_ids(defaults)
+    if (options.get("min_new_tokens") or 0) > 0 and (options.get("num_beams") or defaults.get("num_beams") or 1) > 1:
+        logger.warning("min_new_tokens=%d with beam search: CTranslate2 renormalises the log-probabilities after "
+                       "forbidding the end token, our generate (as transformers and fairseq) does not, so the beams "
+                       "are ranked otherwise where the end is likely early and translations can differ.",
+                       options["min_new_tokens"])  # fmt: skip
     options["max_len_a"], options["max_len_b"] = length_rule(defaults, given.get("max_len_a"), given.get("max_len_b"))
     for name in ("num_beams", "length_penalty", MAX_POSITIONS_KEY):
         if options.get(name) is None and defaults.get(name) is not None:

@@ -86,6 +86,11 @@ def test_unknown_preset_lists_the_valid_ones():
         ({"attention_dropout": -0.1}, r"`attention_dropout` must be in \[0, 1\)"),
         ({"activation_dropout": 1.5}, r"`activation_dropout` must be in \[0, 1\)"),
         ({"position_encoding": "rotary"}, r"`position_encoding` must be 'sinusoidal' or 'learned'"),
+        ({"init_std": float("nan")}, r"`init_std` must be positive and finite"),  # (NaN <= 0 is false: it passed)
+        # other Transformers' features, which this model fixes as the paper's: kept unread before
+        ({"normalize_before": True}, r"normalize_before=True: this model is the paper's, post-LN"),
+        ({"activation_function": "gelu"}, r"activation_function='gelu': .* \(activation_function='relu' is what"),
+        ({"layer_norm_eps": 1e-6}, r"layer_norm_eps=1e-06: .*has no such option"),
     ],
 )
 def test_invalid_values_fail_at_construction(kwargs, message):

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import math
 import warnings
 
 from huggingface_hub.dataclasses import strict
@@ -69,6 +70,15 @@ def preset_training_arguments(name: str) -> dict:
     """The training-recipe values of a preset (label smoothing, steps, warmup): `scripts/train.py` trains with them
     unless a flag or recipe key sets them (`training.preset_training_defaults`)."""
     return {**_BASE_TRAINING, **copy.deepcopy(_preset(name)["training"])}
+
+
+# Other configs' names for features this model fixes as the paper does (post-LN, ReLU, LayerNorm's eps of torch's
+# default): given with another value, the config would describe a model that is not built, so that is an error.
+_FIXED_FEATURES = {
+    **dict.fromkeys(("normalize_before", "encoder_normalize_before", "decoder_normalize_before", "pre_norm"), False),
+    **dict.fromkeys(("activation_function", "activation_fn", "hidden_act"), "relu"),
+    **dict.fromkeys(("layer_norm_eps", "layer_norm_epsilon"), 1e-5),
+}
 
 
 @functools.cache
@@ -148,7 +158,13 @@ class VaswaniTransformerConfig(PreTrainedConfig):
 
     def _warn_about_likely_typos(self, extra: dict):
         """A warning for each unknown keyword close to a field's name (`encoder_layer=3`): transformers keeps unknown
-        keywords as attributes that nothing reads (configs on the Hub carry such extras, so they stay allowed)."""
+        keywords as attributes that nothing reads (configs on the Hub carry such extras, so they stay allowed). A
+        feature of other Transformers that this one fixes as the paper's (`normalize_before=True`, GELU, another
+        LayerNorm eps) is a ValueError: no model would have it."""
+        for key, paper in _FIXED_FEATURES.items():
+            if key in extra and extra[key] != paper:
+                raise ValueError(f"{key}={extra[key]!r}: this model is the paper's, post-LN with ReLU and LayerNorm's "
+                                 f"eps 1e-5, and has no such option ({key}={paper!r} is what it computes).")
         known = [f.name for f in dataclasses.fields(self)] + list(self.attribute_map)
         # (standard names such as hidden_size are known; decoding settings in old config files are the decoding's)
         for key in set(extra) - set(known) - _generation_fields():
@@ -192,8 +208,8 @@ class VaswaniTransformerConfig(PreTrainedConfig):
             )
         if self.position_encoding == "tensor2tensor" and self.d_model < 4:
             raise ValueError(f"position_encoding='tensor2tensor' needs d_model >= 4, got {self.d_model}.")
-        if self.init_std is not None and self.init_std <= 0:
-            raise ValueError(f"`init_std` must be positive or None, got {self.init_std}.")
+        if self.init_std is not None and not 0 < self.init_std < math.inf:  # (NaN is neither)
+            raise ValueError(f"`init_std` must be positive and finite, or None, got {self.init_std}.")
         if self.tie_word_embeddings != self.share_embeddings:
             raise ValueError(
                 f"`tie_word_embeddings` ({self.tie_word_embeddings}) follows `share_embeddings` "

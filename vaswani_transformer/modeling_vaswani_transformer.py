@@ -1014,6 +1014,9 @@ class VaswaniTransformerModel(VaswaniTransformerPreTrainedModel):
         decoder_position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
+        for name in ("head_mask", "decoder_head_mask", "cross_attn_head_mask"):  # (BART's, before transformers 5)
+            if kwargs.get(name) is not None:
+                raise ValueError(f"{name} is not supported: the model has no head masks, and would ignore it.")
         if attention_mask is None:  # the decoder's cross-attention skips the source's padding too
             attention_mask = source_padding_mask(input_ids, self.config)
         if encoder_outputs is None:
@@ -1149,8 +1152,10 @@ class VaswaniTransformerForConditionalGeneration(VaswaniTransformerPreTrainedMod
         logits = linear(self.lm_head, outputs.last_hidden_state)
         loss = None
         if labels is not None:
+            # at least float32 (half-precision logits), float64 kept (a float64 model's loss and gradient checks)
             loss = nn.functional.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), labels.to(logits.device).view(-1), ignore_index=-100,
+                logits.to(torch.promote_types(logits.dtype, torch.float32)).view(-1, logits.shape[-1]),
+                labels.to(logits.device).view(-1), ignore_index=-100,
                 reduction="mean" if num_items_in_batch is None else "sum",
             )
             if num_items_in_batch is not None:

@@ -478,7 +478,7 @@ def test_evaluate_model_checks_a_model_folder_as_vaswani_translate_does(model_di
         evaluate_model(broken, **files)
 
 
-def test_cli_reports_bad_input_as_an_error(model_dir, tmp_path, capsys):
+def test_cli_reports_bad_input_as_an_error(model_dir, tmp_path, capsys, caplog):
     from vaswani_transformer.evaluation import main
 
     # vaswani-evaluate's main, called in-process; the older spellings (--model, --target-lang) are aliases.
@@ -504,6 +504,28 @@ def test_cli_reports_bad_input_as_an_error(model_dir, tmp_path, capsys):
                         "--target-lang", "de", "--output-json", str(out)]) == 0  # fmt: skip
     expected = sacrebleu.corpus_bleu(["a", ""], [["a", "b"]]).score
     assert json.loads(out.read_text())["sacrebleu"] == pytest.approx(expected, abs=1e-12)
+
+    # an output that is an input, or the other output, is refused before any work (the reference, the source or the
+    # translations were overwritten, status 0); so are a tokenizer sacreBLEU lacks and one missing its packages
+    reference = (tmp_path / "ref2.de").read_bytes()
+    for output, clash in ((["--hypotheses_file", str(tmp_path / "ref2.de")], "--reference"),
+                          (["--output_json", str(tmp_path / "test.en")], "--source"),
+                          (["--hypotheses_file", str(out), "--output_json", str(out)], "same file")):  # fmt: skip
+        assert main(["--model", str(model_dir), "--source", str(tmp_path / "test.en"), "--reference",
+                     str(tmp_path / "ref2.de"), *output]) == 1  # fmt: skip
+        assert clash in capsys.readouterr().err
+    assert main(["--hypotheses", str(tmp_path / "hyp.de"), "--reference", str(tmp_path / "ref2.de"), "--output_json",
+                 str(tmp_path / "hyp.de")]) == 1  # fmt: skip
+    assert "--output_json " in capsys.readouterr().err and (tmp_path / "hyp.de").read_text() == "a\n\n"
+    assert (tmp_path / "ref2.de").read_bytes() == reference and (tmp_path / "test.en").read_text() == "a\nb\n"
+    assert main(["--hypotheses", str(tmp_path / "hyp.de"), "--reference", str(tmp_path / "ref2.de"), "--tokenize",
+                 "bogus"]) == 1  # fmt: skip
+    assert "--tokenize 'bogus' is not a sacreBLEU tokenizer (one of: none, zh, 13a" in capsys.readouterr().err
+    # a source cut to the limit is named by its file and line (it was "line:1")
+    with caplog.at_level("WARNING", logger="vaswani_transformer.translate"):
+        assert main(["--model", str(model_dir), "--source", str(tmp_path / "test.en"), "--reference",
+                     str(tmp_path / "ref2.de"), "--decoding", "max_source_length=1"]) == 0  # fmt: skip
+    assert f"{tmp_path / 'test.en'}:2: the source has" in caplog.text, caplog.text
 
 
 @pytest.mark.slow

@@ -256,3 +256,9 @@ def test_cli_trains_from_files_and_from_parallel_data(tmp_path):
     result = _run_cli("--files", "train.en", "--vocab-size", "400", "--output-dir", "short.de", cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.strip() == "error: --output_dir short.de is a file, not a folder."
     assert "Saved" not in result.stdout and (tmp_path / "short.de").read_text(encoding="utf-8") == "eins\nzwei\n"
+    # a model's folder: its tokenizer would be replaced, and the model would translate garbage without a word
+    (tmp_path / "tok_bpe" / "config.json").write_text("{}", encoding="utf-8")
+    before = (tmp_path / "tok_bpe" / "tokenizer.json").read_bytes()
+    result = _run_cli("--files", "train.en", "--vocab-size", "400", "--output-dir", "tok_bpe", cwd=tmp_path)
+    assert result.returncode == 2 and "holds a model (config.json): a new tokenizer would replace" in result.stderr
+    assert (tmp_path / "tok_bpe" / "tokenizer.json").read_bytes() == before

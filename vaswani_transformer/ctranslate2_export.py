@@ -597,7 +597,8 @@ def evaluate_ctranslate2(
                          f"takes {', '.join(accepted)}.")  # fmt: skip
     translator, tokenizer, defaults = load_translator(model_dir, device=device or "cpu")
     options = decoding_options(defaults, **(decoding or {}))
-    hypotheses = translate_lines_ctranslate2(translator, tokenizer, test_set.sources, **options)
+    named = {"source_name": test_set.source_file} if test_set.source_file else {}  # (a cut source's warning)
+    hypotheses = translate_lines_ctranslate2(translator, tokenizer, test_set.sources, **{**named, **options})
     settings = {**decoding_settings(translate_lines_ctranslate2, options), "length_penalty_type": "transformers"}
     return report_translations(
         hypotheses, test_set, model=str(model_dir), decoding=settings, source_lang=source_lang,

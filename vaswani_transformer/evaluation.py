@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import evaluate
 import numpy as np
 import torch
+from sacrebleu.metrics import BLEU
 
 from . import cli
 from .data import check_parallel_text_files, resolve_text_pair
@@ -42,7 +43,7 @@ from .metrics.paper_bleu.paper_bleu import (
     split_compounds,
     tokenized_bleu,
 )
-from .textio import iter_lines, write_lines
+from .textio import is_same_file, iter_lines, write_lines
 from .translate import (
     DTYPES,
     add_decoding_arguments,
@@ -391,9 +392,10 @@ def evaluate_model(
         model.eval()
         warn_if_emulated(model, f"The model {model_name}", remedy)
 
+    named = {"source_name": test_set.source_file} if translate_fn is None and test_set.source_file else {}
     translate_fn = translate_fn or translate_lines
-    with torch.inference_mode():
-        hypotheses = list(translate_fn(model, tokenizer, test_set.sources, **(decoding or {})))
+    with torch.inference_mode():  # (warnings about a source cut to the limit name its file and line)
+        hypotheses = list(translate_fn(model, tokenizer, test_set.sources, **{**named, **(decoding or {})}))
     extra = {"engine": "transformers", "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     if (quantized := quantization_of(model)) is not None:
         extra["model_quantization"] = quantized
@@ -509,14 +511,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def sacrebleu_tokenizer_problem(target_lang: str, tokenize: str | None) -> str | None:
+    """Why sacreBLEU cannot score `target_lang` with `tokenize` (not one of its tokenizers, or one whose extra
+    packages are missing, such as MeCab for ja and ko), or None."""
+    if tokenize is not None and tokenize not in BLEU.TOKENIZERS:
+        return f"--tokenize {tokenize!r} is not a sacreBLEU tokenizer (one of: {', '.join(BLEU.TOKENIZERS)})."
+    if tokenize in (None, "ja-mecab", "ko-mecab"):  # (the sentencepiece ones would download their model here)
+        try:
+            BLEU(tokenize=tokenize, trg_lang=target_lang or "")
+        except RuntimeError as error:  # sacreBLEU's message names the extra to install
+            return f"sacreBLEU cannot tokenize --target_lang {target_lang!r}: {' '.join(str(error).split())}"
+    return None
+
+
 def main(argv=None) -> int:
     """`vaswani-evaluate` / `scripts/evaluate_model.py`: prints the report; exit status 1 with an error line for
-    bad input."""
+    bad input (checked before translating anything: an output that is an input, a scorer that cannot run)."""
     args = parse_args(argv)
-    for option, path in (("--output_json", args.output_json), ("--hypotheses_file", args.hypotheses_file)):
-        if path is not None and (problem := cli.output_path_problem(path, option)):
-            print(f"error: {problem}", file=sys.stderr)  # before translating anything
+    outputs = {"--output_json": args.output_json, "--hypotheses_file": args.hypotheses_file}
+    inputs = {"--source": args.source, "--reference": args.reference, "--hypotheses": args.hypotheses}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        problem = cli.output_path_problem(path, option)
+        for name, read in inputs.items():
+            if problem is None and read is not None and is_same_file(read, path):
+                problem = f"{option} {path} is the {name} file: writing it would destroy the input."
+        if problem is None and option == "--hypotheses_file" and args.output_json is not None and \
+                os.path.realpath(path) == os.path.realpath(args.output_json):  # fmt: skip
+            problem = f"--hypotheses_file and --output_json are the same file ({path}): one would replace the other."
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
             return 1
+    if problem := sacrebleu_tokenizer_problem(args.target_lang, args.tokenize):
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     try:
         if args.hypotheses:
             check_parallel_text_files(args.hypotheses, args.reference)  # error naming both files and counts

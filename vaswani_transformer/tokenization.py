@@ -360,6 +360,11 @@ def main(argv=None) -> int:
     if problem := cli.output_path_problem(args.output_dir, "--output_dir", directory=True):
         print(f"error: {problem}", file=sys.stderr)  # before training: save_pretrained only logs it
         return 2
+    held = [f for f in ("config.json", "model.safetensors") if os.path.isfile(os.path.join(args.output_dir, f))]
+    if held:  # its model's ids are the old tokenizer's: translations would silently be garbage
+        print(f"error: --output_dir {args.output_dir} holds a model ({', '.join(held)}): a new tokenizer would replace "
+              "the one it was trained with. Choose another folder.", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         tokenizer = _train_from_args(args, parser)
     except (ValueError, FileNotFoundError) as err:  # bad input: a clear message, no traceback

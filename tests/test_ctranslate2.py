@@ -392,6 +392,12 @@ def test_bad_input_is_a_clear_error(trained, tmp_path):
     tokenizer.save_pretrained(tmp_path / "dv")
     with pytest.raises(ValueError, match="CTranslate2 needs d_k == d_v; this model has d_k=8, d_v=16"):
         export_ctranslate2(str(tmp_path / "dv"), str(tmp_path / "out"))
+    model.config.bos_token_id = None  # (a TypeError of the converter before)
+    model.save_pretrained(tmp_path / "nobos")
+    tokenizer.save_pretrained(tmp_path / "nobos")
+    model.config.bos_token_id = tokenizer.bos_token_id
+    with pytest.raises(ValueError, match="CTranslate2's model config needs bos_token_id; this model has none"):
+        export_ctranslate2(str(tmp_path / "nobos"), str(tmp_path / "out"))
 
 
 def test_max_source_length_below_1_is_refused_as_by_our_engine(trained, tmp_path, capsys):

@@ -149,6 +149,12 @@ def transformer_spec_of(model: VaswaniTransformerForConditionalGeneration, token
         raise ValueError(
             f"CTranslate2 needs d_k == d_v; this model has d_k={config.head_dim_k}, d_v={config.head_dim_v}."
         )
+    start = model.generation_config.decoder_start_token_id
+    needed = {"the tokenizer's unk token": tokenizer.unk_token, "bos_token_id": config.bos_token_id,
+              "decoder_start_token_id": start if start is not None else config.decoder_start_token_id,
+              "eos_token_id": end_token_ids(model.generation_config.to_dict(), config) or None}  # fmt: skip
+    if missing := [name for name, value in needed.items() if value is None]:
+        raise ValueError(f"CTranslate2's model config needs {', '.join(missing)}; this model has none.")
     if config.position_encoding == "learned":
         max_positions = min(max_positions or config.max_position_embeddings, config.max_position_embeddings)
     max_positions = max_positions or config.max_position_embeddings

@@ -1,6 +1,7 @@
 """Parallel data: every input format loads the same pairs, bad input is named, filters are counted,
 token batches respect the budget and cover every pair exactly once across ranks, the collator pads correctly."""
 
+import copy
 import json
 
 import datasets
@@ -404,6 +405,13 @@ def test_collator_and_dataloader_with_token_batches(tmp_path, tokenizer):
     assert model.prepare_decoder_input_ids_from_labels(batch["labels"]).tolist() == [[1, 7, 2, 0], [1, 9, 10, 11]]
     with_model = TranslationDataCollator(tokenizer, model=model)([{"input_ids": [5, 2], "labels": [7, 2]}])
     assert with_model["decoder_input_ids"].tolist() == [[1, 7]]  # for transformers' own Seq2SeqTrainer
+    # a tokenizer saved for left padding (for a decoder-only model, say) pads here on the right all the same: left
+    # padded labels put their pads before <s> and moved the tokens' positions (the loss changed, without a word)
+    left = copy.copy(tokenizer)
+    left.padding_side = "left"
+    features = [{"input_ids": [5, 6, 2], "labels": [7, 2]}, {"input_ids": [8, 2], "labels": [9, 10, 11, 2]}]
+    assert {k: v.tolist() for k, v in TranslationDataCollator(left)(features).items()} == \
+        {k: v.tolist() for k, v in batch.items()} and left.padding_side == "left"
 
     data = write_formats(tmp_path / "data", PAIRS * 30)
     raw = load_parallel_dataset(train_file=str(data / "train"), cache_dir=str(tmp_path / "cache"))

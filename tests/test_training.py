@@ -1157,22 +1157,28 @@ def test_resuming_an_older_checkpoint_beside_newer_ones_is_refused_before_anythi
 
 
 def test_resuming_with_other_batching_warns_that_the_epoch_is_not_continued_exactly(tmp_path, caplog):
-    """max_tokens_per_batch changed on resume: transformers skips as many batches of the new order as the checkpoint
-    trained, so part of the epoch is trained twice or not at all (before: without a word). A warning names the
-    change; resuming with the same settings does not warn."""
+    """max_tokens_per_batch, the data seed or the training pairs changed on resume: transformers skips as many
+    batches of the new order as the checkpoint trained, so part of the epoch is trained twice or not at all (before:
+    without a word; the seed and the data were not checked until 2026-11-29). A warning names the change; resuming
+    with the same settings does not warn."""
     data = write_fixture(tmp_path / "data", n_train=40)
     out = tmp_path / "out"
     run_from_args(tiny_args(data, out, "--max_steps", "3", "--save_steps", "3"))
-    for tokens, warned in (("160", False), ("240", True)):
+    more = write_fixture(tmp_path / "more", n_train=44)
+    reuse = ("--tokenizer_name", str(out / "tokenizer"))  # (the run's tokenizer, with other training text)
+    for change, warned in ((("--max_tokens_per_batch", "160"), None), (("--max_tokens_per_batch", "240"),
+                           "max_tokens_per_batch 160 -> 240"), (("--seed", "12"), "data_seed 3 -> 12"),
+                           (("--train_file", str(more / "train"), *reuse), "train_pairs 40 -> 44")):  # fmt: skip
         caplog.clear()
-        args = tiny_args(data, out, "--max_steps", "4", "--save_steps", "4", "--resume_from_checkpoint", "latest")
-        args[args.index("--max_tokens_per_batch") + 1] = tokens
+        args = tiny_args(data, out, "--max_steps", "4", "--save_steps", "4", "--resume_from_checkpoint", "latest",
+                         *change[2:])  # fmt: skip
+        args[args.index(change[0]) + 1] = change[1]
         with caplog.at_level(logging.WARNING, logger="vaswani_transformer.trainer"):
             run_from_args(args)
         messages = [r.getMessage() for r in caplog.records if "Resumed with other batching" in r.getMessage()]
-        assert bool(messages) == warned, (tokens, messages)
+        assert bool(messages) == bool(warned), (change, messages)
         if warned:
-            assert "(max_tokens_per_batch 160 -> 240)" in messages[0]
+            assert f"({warned})" in messages[0], messages
         shutil.rmtree(out / "checkpoint-4")  # resume checkpoint-3 again
 
 

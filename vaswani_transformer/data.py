@@ -17,6 +17,7 @@ Tokenised datasets gain ``input_ids`` and ``labels`` (each ending with ``</s>``)
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -754,8 +755,12 @@ class TranslationDataCollator:
     def __post_init__(self) -> None:
         if self.tokenizer.pad_token_id is None:
             raise ValueError("The collator needs a tokenizer with a pad token.")
+        tokenizer = self.tokenizer
+        if tokenizer.padding_side != "right":  # a tokenizer saved for left padding: labels behind pads shift
+            tokenizer = copy.copy(tokenizer)  # the decoder's inputs and positions (the caller's is left as it is)
+            tokenizer.padding_side = "right"
         self._pad = DataCollatorForSeq2Seq(
-            self.tokenizer, model=self.model, label_pad_token_id=-100, pad_to_multiple_of=self.pad_to_multiple_of,
+            tokenizer, model=self.model, label_pad_token_id=-100, pad_to_multiple_of=self.pad_to_multiple_of,
             return_tensors="pt",
         )
 

@@ -421,9 +421,11 @@ class TrainingTotalsCallback(TrainerCallback, ExportableState):
         saved = (state.stateful_callbacks or {}).get(type(self).__name__)
         saved = saved[0] if isinstance(saved, list) and saved else saved
         attributes = saved.get("attributes", {}) if isinstance(saved, dict) else {}
-        before = attributes.get("batching")
-        if before and self.batching and before != self.batching:
-            changed = ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in self.batching.items() if before.get(k) != v)
+        before = attributes.get("batching") or {}
+        # (a checkpoint written before a setting was recorded says nothing about it)
+        changed = ", ".join(f"{k} {before[k]} -> {v}" for k, v in (self.batching or {}).items()
+                            if k in before and before[k] != v)  # fmt: skip
+        if changed:
             logger.warning(
                 "Resumed with other batching than the checkpoint was trained with (%s): the rest of its epoch is "
                 "cut from the new batches (as many skipped as the checkpoint had trained), so some pairs of that "
@@ -487,6 +489,10 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             "max_tokens_per_batch": max_tokens_per_batch,
             "gradient_accumulation_steps": self.args.gradient_accumulation_steps,
             "num_processes": self.args.world_size,
+            # the epoch's order: its seed, whether it is shuffled, and how many pairs it orders
+            "data_seed": self.args.seed if self.args.data_seed is None else self.args.data_seed,
+            "shuffle": getattr(self.args, "train_sampling_strategy", "random") != "sequential",
+            "train_pairs": len(self.train_dataset) if has_length(self.train_dataset) else None,
         }))  # fmt: skip
         if getattr(self.args, "save_every_minutes", None):
             self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))

@@ -191,8 +191,9 @@ def _check_custom_fields(length_penalty_type, beam_search_rules, max_len_a, max_
     if beam_search_rules not in BEAM_SEARCH_RULES:
         raise ValueError(f"`beam_search_rules` must be one of {BEAM_SEARCH_RULES}, got {beam_search_rules!r}.")
     for name, value in (("max_len_a", max_len_a), ("max_len_b", max_len_b)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-            raise ValueError(f"`{name}` must be a non-negative number or None, got {value!r}.")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value < math.inf):  # (NaN fails it too)  # fmt: skip
+            raise ValueError(f"`{name}` must be a non-negative finite number or None, got {value!r}.")
 
 
 class VaswaniGenerationMixin(GenerationMixin):
@@ -297,6 +298,9 @@ class VaswaniGenerationMixin(GenerationMixin):
         num_beams = effective_config.num_beams
         if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral) or num_beams < 1:
             raise ValueError(f"`num_beams` must be a positive integer (1 for greedy decoding), got {num_beams!r}.")
+        alpha = effective_config.length_penalty
+        if alpha is not None and not (isinstance(alpha, numbers.Real) and math.isfinite(alpha)):  # NaN ranks nothing
+            raise ValueError(f"`length_penalty` must be a finite number, got {alpha!r}.")
         mode = effective_config.get_generation_mode(assistant_model)
         if fields["length_penalty_type"] == "gnmt" and custom_generate is None and mode == GenerationMode.BEAM_SEARCH:
             if streamer is not None:  # as transformers' beam search

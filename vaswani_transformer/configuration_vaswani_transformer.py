@@ -73,7 +73,8 @@ def preset_training_arguments(name: str) -> dict:
 
 
 # Other configs' names for features this model fixes as the paper does (post-LN, ReLU, LayerNorm's eps of torch's
-# default): given with another value, the config would describe a model that is not built, so that is an error.
+# default): given with another value, the config describes a model that is not built, so a warning says so (not an
+# error: generic tools set some of them on any config, transformers' tests layer_norm_eps=1.0).
 _FIXED_FEATURES = {
     **dict.fromkeys(("normalize_before", "encoder_normalize_before", "decoder_normalize_before", "pre_norm"), False),
     **dict.fromkeys(("activation_function", "activation_fn", "hidden_act"), "relu"),
@@ -160,11 +161,12 @@ class VaswaniTransformerConfig(PreTrainedConfig):
         """A warning for each unknown keyword close to a field's name (`encoder_layer=3`): transformers keeps unknown
         keywords as attributes that nothing reads (configs on the Hub carry such extras, so they stay allowed). A
         feature of other Transformers that this one fixes as the paper's (`normalize_before=True`, GELU, another
-        LayerNorm eps) is a ValueError: no model would have it."""
+        LayerNorm eps) is warned about too: no model built from the config has it."""
         for key, paper in _FIXED_FEATURES.items():
             if key in extra and extra[key] != paper:
-                raise ValueError(f"{key}={extra[key]!r}: this model is the paper's, post-LN with ReLU and LayerNorm's "
-                                 f"eps 1e-5, and has no such option ({key}={paper!r} is what it computes).")
+                warnings.warn(f"{type(self).__name__}: {key}={extra[key]!r} is kept but used by nothing: this model is "
+                              f"the paper's, post-LN with ReLU and LayerNorm's eps 1e-5, and computes {key}={paper!r}.",
+                              stacklevel=5)  # fmt: skip
         known = [f.name for f in dataclasses.fields(self)] + list(self.attribute_map)
         # (standard names such as hidden_size are known; decoding settings in old config files are the decoding's)
         for key in set(extra) - set(known) - _generation_fields():

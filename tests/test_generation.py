@@ -1289,7 +1289,8 @@ def test_synced_gpus_keeps_a_finished_process_stepping_past_its_own_length(tmp_p
         ({"num_beams": 0, "length_penalty_type": "transformers"}, "num_beams"),
         # NaN and infinite values: NaN scores rank beams arbitrarily, without a word (2026-11-29)
         ({"length_penalty": float("nan")}, "`length_penalty` must be a finite number, got nan"),
-        ({"length_penalty": float("inf"), "length_penalty_type": "transformers"}, "`length_penalty` must be a finite number, got inf"),
+        ({"length_penalty": float("inf"), "length_penalty_type": "transformers"},
+         "`length_penalty` must be a finite number, got inf"),
         ({"max_len_a": float("nan")}, "`max_len_a` must be a non-negative finite number"),
         ({"max_len_b": float("inf")}, "`max_len_b` must be a non-negative finite number"),
     ],

@@ -117,8 +117,9 @@ def test_given_target_and_readable_tokens(saved):
         assert "\ufffd" not in "".join(tokens)  # split characters shown whole on their first token
         # "▁" marks a space (a word start), "·" the further tokens of a split character: the text comes back.
         assert "".join(tokens[:-1]).replace("▁", " ").replace("·", "") == text
-        # word ids number the whitespace-separated words; the tokens of word w spell it.
-        split = text.split()
+        # word ids number the words as fast_align counts them (spaces and tabs separate them, not U+3000, U+2009,
+        # U+202F); the tokens of word w spell it
+        split = [word for word in re.split("[ \t]", text) if word]
         assert max(w for w in words if w is not None) == len(split) - 1 and words[-1] is None
         for w, word in enumerate(split):
             spelled = "".join(t for t, i in zip(tokens, words) if i == w).replace("▁", "").replace("·", "")
@@ -163,6 +164,15 @@ def test_word_ids_and_word_starts_follow_every_subword_convention():
     # SentencePiece's "a 你 b" with 你 unknown: ▁a ▁ <unk> ▁b </s>; words a, <unk>, b
     unknown = _word_level_tokenizer(["▁a", "▁", "▁b"], decoders.Metaspace())
     assert word_ids(unknown, [4, 5, 3, 6, 2]) == [0, None, 1, 2, None]
+    # the text written beside the alignments (`vaswani-align --translations_file`) is the one whose words they number:
+    # its <unk> stays (decoded with skip_special_tokens, it went, and "b" was numbered 2 in a text of 2 words)
+    from vaswani_transformer.attention import text_of
+
+    assert text_of(unknown, [4, 5, 3, 6, 2]).split() == ["a", "<unk>", "b"]  # words 0, 1, 2 above
+    # and words are separated by spaces and tabs alone, as fast_align separates them: a no-break space before French
+    # punctuation is part of a word (Python's split made it two: indices past fast_align's words)
+    french = _word_level_tokenizer(["▁est-il", "\u00a0?", "▁Quelle"], decoders.Metaspace())
+    assert word_ids(french, [6, 4, 5, 2]) == [0, 1, 1, None]
 
 
 # Hand-built alignment case. Source "the small house": subwords ▁the ▁sm all ▁house </s> (words 0 1 1 2 -).
@@ -325,7 +335,7 @@ def test_align_cli_with_targets_and_with_translations(saved, tmp_path):
             maps = attention_maps(model, tokenizer, source, target)
             assert line == pharaoh(sentence_alignments(maps, layer=-1))
             assert re.fullmatch(r"\d+-\d+( \d+-\d+)*", line)
-            assert all(int(i) < len(source.split()) and int(j) < len(target.split())
+            assert all(int(i) < len(re.split("[ \t]+", source)) and int(j) < len(re.split("[ \t]+", target))
                        for i, j in (p.split("-") for p in line.split()))  # fmt: skip
     # Without targets (the same main, in this process): the model's translations are written, and the alignments
     # index their words.

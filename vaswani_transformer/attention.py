@@ -24,6 +24,7 @@ import html
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,7 +66,8 @@ class AttentionMaps:
         reads `decoder_input_tokens[t]`; the causal mask makes it lower-triangular).
     cross [layers, heads, T, S]: row t is the step that outputs `target_tokens[t]` (alignments use this convention,
         as fairseq's do), columns `source_tokens`.
-    `*_word_ids` give the whitespace-separated word of each token (None for special and whitespace-only tokens).
+    `*_word_ids` give the word of each token, words separated by spaces and tabs as fast_align separates them (None
+    for special tokens and tokens of spaces alone); `target_text` is the text whose words they number.
     """
 
     source_tokens: list[str]
@@ -188,17 +190,35 @@ def readable_tokens(tokenizer, ids: Sequence[int]) -> list[str]:
     return labels
 
 
+# fast_align, and the Pharaoh files read with it, separate words by spaces and tabs only (its `Dict::is_ws`): a
+# no-break space before French punctuation, or U+3000, is part of a word
+FAST_ALIGN_SPACE = " \t"
+
+
+def fast_align_words(text: str) -> list[str]:
+    """The words of a line as fast_align counts them: separated by runs of spaces and tabs."""
+    return re.split(f"[{FAST_ALIGN_SPACE}]+", text.strip(FAST_ALIGN_SPACE)) if text.strip(FAST_ALIGN_SPACE) else []
+
+
 def word_ids(tokenizer, ids: Sequence[int]) -> list[int | None]:
-    """The whitespace-separated word (0, 1, ...) each token belongs to, as `text.split()` counts the words of the
-    decoded text: a token is in the last word of the text decoded from the tokens up to it, so every way of marking
-    words counts ("Ġ"/"▁" starts, "##"/"@@" continuations, "</w>" ends). Special tokens other than <unk> (a word of
-    its own) and whitespace-only tokens get None. The tokens of a character split across byte-level tokens count as
-    one (a multi-byte space such as U+3000 or U+202F separates words too)."""
+    """The word (0, 1, ...) each token belongs to, words as fast_align counts them in the decoded text
+    (`fast_align_words`): a token is in the last word of the text decoded from the tokens up to it, so every way of
+    marking words counts ("Ġ"/"▁" starts, "##"/"@@" continuations, "</w>" ends). Special tokens other than <unk> (a
+    word of its own) and tokens of spaces and tabs alone get None. The tokens of a character split across byte-level
+    tokens count as one."""
     ids = list(ids)
     result: list[int | None] = []
     for (start, end, _), word in _spans_and_words(tokenizer, ids):
         result.extend([word] * (end - start))
     return result
+
+
+def text_of(tokenizer, ids: Sequence[int]) -> str:
+    """The text of `ids` whose words `word_ids` numbers: special tokens left out but <unk>, which is a word (decoding
+    with `skip_special_tokens` dropped it, and the words after it were numbered one too far)."""
+    special = _special_ids(tokenizer)
+    return tokenizer.decode([i for i in ids if i not in special], skip_special_tokens=False,
+                            clean_up_tokenization_spaces=False)  # fmt: skip
 
 
 def _special_ids(tokenizer) -> set[int]:
@@ -216,11 +236,11 @@ def _spans_and_words(tokenizer, ids: list[int]) -> list[tuple[tuple[int, int, st
             result.append(((start, end, piece), None))
             continue
         text_ids.extend(ids[start:end])
-        if not piece.strip():
+        if not piece.strip(FAST_ALIGN_SPACE):
             result.append(((start, end, piece), None))
             continue
         text = tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        result.append(((start, end, piece), max(len(text.split()) - 1, 0)))
+        result.append(((start, end, piece), max(len(fast_align_words(text)) - 1, 0)))
     return result
 
 
@@ -270,7 +290,7 @@ def attention_maps(model, tokenizer, source: str, target: str | None = None, **g
         encoder=encoder, decoder=decoder, cross=cross,
         source_ids=list(source_ids), target_ids=list(target_ids),
         source_word_ids=word_ids(tokenizer, source_ids), target_word_ids=word_ids(tokenizer, target_ids),
-        source_text=source, target_text=tokenizer.decode(target_ids, skip_special_tokens=True),
+        source_text=source, target_text=text_of(tokenizer, target_ids),
     )  # fmt: skip
 
 
@@ -706,9 +726,10 @@ ALIGN_DESCRIPTION = """Word alignments (Pharaoh format, "i-j": source word i, ta
     %(prog)s --model_name_or_path MODEL --source_file test.en --target_file test.de --output test.align
     %(prog)s --model_name_or_path MODEL --source_file test.en --translations_file test.hyp.de --output test.align
 
-Words are the whitespace-separated words of each line (subwords merged). Each target word is aligned to the source
-word receiving the most attention (mean of the heads of --layer, default the penultimate decoder layer, as Garg et al.
-2019), or with --threshold to every source word receiving at least that much. Without --target_file the sources are
+Words are the space- or tab-separated words of each line, as fast_align counts them (subwords merged). Each target
+word is aligned to the source word receiving the most attention (mean of the heads of --layer, default the
+penultimate decoder layer, as Garg et al. 2019), or with --threshold to every source word receiving at least that
+much. Without --target_file the sources are
 translated (the model's generation config: the paper's beam search) and the translations written to
 --translations_file. One output line per input line (an empty line gives an empty line).
 """

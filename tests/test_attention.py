@@ -248,6 +248,22 @@ def test_pictures_have_the_documented_pixel_sizes(own, tmp_path):
     assert read_png(path) == (100 * (1.5 + 0.25 * max(S, T, 8)), 600)
 
 
+def test_the_heads_of_a_layer_share_one_colour_scale(own, tmp_path):
+    """A head whose weights are half another's is drawn darker: each panel was scaled to its own maximum, so both
+    showed viridis' brightest yellow and the heads could not be compared."""
+    import dataclasses
+
+    import matplotlib.image
+
+    encoder = own.encoder.clone()
+    encoder[-1, 1] = encoder[-1, 0] * 0.5
+    path = plot_attention_heads(dataclasses.replace(own, encoder=encoder), tmp_path / "grid.png", "encoder", -1)
+    image = matplotlib.image.imread(path)[..., :3]
+    yellow = (abs(image - torch.tensor([0.993, 0.906, 0.144]).numpy()).max(axis=-1) < 0.03).nonzero()[1]
+    second_panel = round(100 * (1.3 + 0.16 * max(len(own.source_ids), 8)))  # x of head 1's panel, in pixels
+    assert len(yellow) > 0 and yellow.max() < second_panel
+
+
 def test_control_characters_in_tokens_are_drawn_escaped_without_font_warnings(own, tmp_path):
     """A byte-level token can be a control character (U+001C is even whitespace to Python): labels show it escaped,
     "\\x1c", which every font draws, instead of a missing glyph and matplotlib's warning."""

@@ -415,8 +415,11 @@ def heatmap_size(rows: int, columns: int) -> tuple[float, float]:
             HEATMAP_EXTRA_HEIGHT + CELL_INCHES * max(rows, MIN_CELLS))  # fmt: skip
 
 
-def _draw_heatmap(ax, weights: torch.Tensor, rows: list[str], columns: list[str], fontsize: float):
-    image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=max(float(weights.max()), 1e-9),
+def _draw_heatmap(ax, weights: torch.Tensor, rows: list[str], columns: list[str], fontsize: float,
+                  vmax: float | None = None):
+    """Weights as colours from 0 to `vmax` (default their maximum)."""
+    vmax = float(weights.max()) if vmax is None else vmax
+    image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=max(vmax, 1e-9),
                       aspect="auto", interpolation="nearest")  # fmt: skip
     ax.set_xticks(range(len(columns)), [_label(t) for t in columns], rotation=90, fontsize=fontsize)
     ax.set_yticks(range(len(rows)), [_label(t) for t in rows], fontsize=fontsize)
@@ -492,7 +495,8 @@ def heads_grid_size(num_heads: int, rows: int, columns: int) -> tuple[float, flo
 def plot_attention_heads(
     maps: AttentionMaps, output_path: str | os.PathLike, kind: str = "encoder", layer: int = -1, dpi: int = 100
 ) -> str:
-    """All heads of one layer as a grid of heat maps (size `heads_grid_size` x `dpi` pixels); returns the path."""
+    """All heads of one layer as a grid of heat maps (size `heads_grid_size` x `dpi` pixels) on one colour scale, 0 to
+    the layer's largest weight (named in the title), so that heads compare; returns the path."""
     plt = _pyplot()
     weights = maps.weights(kind)
     layer = check_layer(layer, weights.shape[0], kind)
@@ -508,10 +512,10 @@ def plot_attention_heads(
             y0 = height - GRID_TITLE_INCHES - (head // GRID_COLUMNS + 1) * panel_height + 1.0
             ax = fig.add_axes((x0 / width, y0 / height, GRID_CELL_INCHES * len(columns) / width,
                                GRID_CELL_INCHES * len(rows) / height))  # fmt: skip
-            _draw_heatmap(ax, weights[layer, head], rows, columns, fontsize=5.5)
+            _draw_heatmap(ax, weights[layer, head], rows, columns, fontsize=5.5, vmax=float(weights[layer].max()))
             ax.set_title(f"head {head}", fontsize=7, pad=2)
-        fig.text(0.5, 1 - 0.2 / height, f"{KIND_TITLES[kind]}, layer {layer} (of 0..{weights.shape[0] - 1}), "
-                 "all heads", ha="center", va="top", fontsize=10)  # fmt: skip
+        fig.text(0.5, 1 - 0.2 / height, f"{KIND_TITLES[kind]}, layer {layer} (of 0..{weights.shape[0] - 1}), all "
+                 f"heads; colours 0 to {float(weights[layer].max()):.2f}", ha="center", va="top", fontsize=10)
         fig.savefig(output_path, dpi=dpi)
         plt.close(fig)
     return str(output_path)

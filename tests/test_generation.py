@@ -1125,6 +1125,27 @@ def test_a_search_runs_its_compiled_graph_without_dynamo_s_guard_check_once_two_
     assert len(calls) == 9
 
 
+def test_a_model_with_forward_hooks_has_every_compiled_step_checked():
+    """A forward hook's Python state can change what dynamo's guards decide between steps: here a float counter
+    (symbolic under the "eager" backend, so one graph passed the first steps) makes </s> likeliest from the 6th
+    decoder call on. Unchecked after two steps, the graph kept running the branch it was traced with and decoded
+    to the limit; with hooks every step is checked, and the tokens are the eager search's."""
+    model = tiny_model(0, eos_bias=-1.0)
+    inputs = random_sources(5)
+    calls = {"t": 0.0}
+
+    def from_the_sixth_call(module, inputs, output):
+        calls["t"] += 1.0
+        return output + 100.0 * (torch.arange(output.shape[-1]) == EOS) if calls["t"] >= 6.0 else output
+
+    model.lm_head.register_forward_hook(from_the_sixth_call)
+    expected = model.generate(**inputs, max_len_b=12)
+    assert calls["t"] == 6.0 and (expected[:, 1:] == EOS).any(dim=1).all()  # every sentence ends at the 6th step
+    calls["t"] = 0.0
+    output, _ = _compiled_with_the_search(model, inputs, "eager", max_len_b=12)
+    assert torch.equal(output, expected) and calls["t"] == 6.0
+
+
 def test_a_search_runs_the_graph_of_its_own_compile_config_not_one_another_config_compiled():
     # The search's own lookup of its graph (above) matched guards only, so a second compile config in the same process
     # (another backend, mode or options: e.g. "aot_eager" to check inductor's graph) ran the first one's graph and

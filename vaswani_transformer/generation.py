@@ -627,7 +627,8 @@ def paper_beam_search(
         search, logits_processor, suppressed, record, paper_synced_gpus, rows_can_change, decoder_prompt_mask, device
     )
     if step_and_update:
-        decode_and_update = _ChecksUntilSteady(*_compiled_decode_and_update(model, generation_config.compile_config))
+        decode_and_update = _ChecksUntilSteady(*_compiled_decode_and_update(model, generation_config.compile_config),
+                                               checked=_has_forward_hooks(model))  # fmt: skip
     while model._has_unfinished_sequences(this_peer_finished, paper_synced_gpus, device=device):
         if step_and_update and step > 0:
             length = alive.length
@@ -795,21 +796,33 @@ class _ChecksUntilSteady:
     later calls run it unchecked: their arguments are the same objects, mutated in place, and the tensors that graph
     returned from arguments that passed its guards, so of the kind that passed them (the branch-free steps change no
     Python state that dynamo guards: one graph for every step). Per search, so thread-safe, unlike
-    `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`, which is global to the process."""
+    `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`, which is global to the process. A model with forward
+    hooks is `checked` at every call: a hook's Python state may change what a guard decides from one step to the next
+    (a float counter passed two steps of dynamo's "eager" backend, then its graph ran a branch the hook had left)."""
 
-    def __init__(self, compiled, backend):
+    def __init__(self, compiled, backend, checked: bool = False):
         self.compiled = compiled
         self.backend = backend  # only its graphs (`_dynamo_backend`): another compile config's are not this one's
         self.graph = None  # the graph the last call passed
         self.steady = False
+        self.checked = checked
 
     def __call__(self, *args):
         if self.steady:
             return self.graph(*args)
         graph = _graph_passing(args, self.backend) if self.backend is not None else None
-        self.steady = graph is not None and self.graph is not None and graph.__code__ is self.graph.__code__
+        self.steady = not self.checked and graph is not None and self.graph is not None and \
+            graph.__code__ is self.graph.__code__  # fmt: skip
         self.graph = graph
         return graph(*args) if graph is not None else self.compiled(*args)
+
+
+def _has_forward_hooks(model: torch.nn.Module) -> bool:
+    """Whether a forward hook (or pre-hook) of any of the model's modules, or a global one, runs in its forward."""
+    hooks = torch.nn.modules.module
+    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
 _DECODE_AND_UPDATE_SIGNATURE = inspect.signature(_decode_and_update)

@@ -150,9 +150,11 @@ def transformer_spec_of(model: VaswaniTransformerForConditionalGeneration, token
             f"CTranslate2 needs d_k == d_v; this model has d_k={config.head_dim_k}, d_v={config.head_dim_v}."
         )
     start = model.generation_config.decoder_start_token_id
+    start = start if start is not None else config.decoder_start_token_id
+    # as our `generate` takes them: the generation config's, else the model config's (all of them at translation)
+    ends = end_token_ids(model.generation_config.to_dict(), config)
     needed = {"the tokenizer's unk token": tokenizer.unk_token, "bos_token_id": config.bos_token_id,
-              "decoder_start_token_id": start if start is not None else config.decoder_start_token_id,
-              "eos_token_id": end_token_ids(model.generation_config.to_dict(), config) or None}  # fmt: skip
+              "decoder_start_token_id": start, "eos_token_id": ends or None}  # fmt: skip
     if missing := [name for name, value in needed.items() if value is None]:
         raise ValueError(f"CTranslate2's model config needs {', '.join(missing)}; this model has none.")
     if config.position_encoding == "learned":
@@ -175,13 +177,11 @@ def transformer_spec_of(model: VaswaniTransformerForConditionalGeneration, token
     spec.config.layer_norm_epsilon = model.model.encoder.layers[0].self_attn_residual.layer_norm.eps
     # Not read by CTranslate2 (it fails on a longer input without naming it): `translate_lines_ctranslate2` reads it.
     spec.config.add_attribute(MAX_POSITIONS_KEY, max_positions)
-    ids, generation = tokenizer.convert_ids_to_tokens, model.generation_config
+    ids = tokenizer.convert_ids_to_tokens
     spec.config.unk_token = tokenizer.unk_token
     spec.config.bos_token = ids(config.bos_token_id)
-    # as our `generate` takes them: the generation config's, else the model config's (all of them at translation)
-    spec.config.eos_token = ids(end_token_ids(generation.to_dict(), config)[0])
-    start = generation.decoder_start_token_id
-    spec.config.decoder_start_token = ids(start if start is not None else config.decoder_start_token_id)
+    spec.config.eos_token = ids(ends[0])
+    spec.config.decoder_start_token = ids(start)
     tokens = vocabulary(tokenizer, config.vocab_size)
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)

@@ -518,6 +518,12 @@ def test_cli_reports_bad_input_as_an_error(model_dir, tmp_path, capsys, caplog):
                  str(tmp_path / "hyp.de")]) == 1  # fmt: skip
     assert "--output_json " in capsys.readouterr().err and (tmp_path / "hyp.de").read_text() == "a\n\n"
     assert (tmp_path / "ref2.de").read_bytes() == reference and (tmp_path / "test.en").read_text() == "a\nb\n"
+    # --output_json naming a Trainer's results file (its validation score, which the model card reads)
+    (tmp_path / "eval_results.json").write_text('{"eval_bleu": 11.0}')
+    assert main(["--model", str(model_dir), "--source", str(tmp_path / "test.en"), "--reference",
+                 str(tmp_path / "ref2.de"), "--output_json", str(tmp_path / "eval_results.json")]) == 1  # fmt: skip
+    assert "eval_results.json holds other results (eval_bleu)" in capsys.readouterr().err
+    assert (tmp_path / "eval_results.json").read_text() == '{"eval_bleu": 11.0}'
     assert main(["--hypotheses", str(tmp_path / "hyp.de"), "--reference", str(tmp_path / "ref2.de"), "--tokenize",
                  "bogus"]) == 1  # fmt: skip
     assert "--tokenize 'bogus' is not a sacreBLEU tokenizer (one of: none, zh, 13a" in capsys.readouterr().err

@@ -224,6 +224,45 @@ def test_card_names_the_decoding_of_an_evaluate_model_report(saved):
     assert eval_results_for_card([given], "en", "de")[2] is None  # the card then names the generation config
 
 
+def test_a_report_does_not_replace_a_runs_results_and_one_found_in_their_place_reaches_the_card(tmp_path, saved):
+    """vaswani-evaluate's help once showed `--output_json <average>/eval_results.json`: the report replaced the
+    Trainer's validation score there, and the card, finding no `eval_bleu` in the file, showed neither. A report now
+    refuses to replace other results (before translating anything), and a report found there is the card's."""
+    from vaswani_transformer.card import trainer_metric_reports
+
+    _, model, tokenizer = saved
+    trainer_file = tmp_path / "eval_results.json"
+    trainer_file.write_text(json.dumps({"eval_bleu": 11.0, "eval_loss": 2.5}))
+    translated = []
+
+    def translate_fn(model, tokenizer, lines, **decoding):
+        translated.extend(lines)
+        return list(lines)
+
+    with pytest.raises(FileExistsError, match="eval_results.json holds other results \\(eval_bleu, eval_loss\\)"):
+        evaluate_model(model, SOURCES[:2], REFERENCES[:2], tokenizer=tokenizer, source_lang="en", target_lang="de",
+                       translate_fn=translate_fn, output_json=trainer_file)  # fmt: skip
+    with pytest.raises(FileExistsError, match="holds other results"):
+        evaluation_report(["a"], ["a"], target_lang="de", output_json=trainer_file)
+    assert translated == [] and json.loads(trainer_file.read_text()) == {"eval_bleu": 11.0, "eval_loss": 2.5}
+    # a report replaces a report (the same command run again)
+    report_file = tmp_path / "report.json"
+    evaluation_report(["a b c"], ["a b d"], target_lang="de", output_json=report_file)
+    first = evaluation_report(["a b c d"], ["a b c d"], target_lang="de", output_json=report_file,
+                              source_file="data/test_2016_flickr.en")  # fmt: skip
+    assert json.loads(report_file.read_text())["sacrebleu"] == first["sacrebleu"] == pytest.approx(100)
+    # a folder written before: its eval_results.json is a report, which the card shows (it was dropped silently)
+    folder = tmp_path / "averaged"
+    folder.mkdir()
+    (folder / "test_results.json").write_text(json.dumps({"test_bleu": 12.5}))
+    shutil.copy(report_file, folder / "eval_results.json")
+    reports = trainer_metric_reports(folder)
+    assert [r["sacrebleu"] for r in reports] == [12.5, first["sacrebleu"]]
+    rows = eval_results_for_card(reports, "en", "de")[1]
+    shown = [(r["dataset"], r["metric"], r["value"]) for r in rows]
+    assert ("test_2016_flickr.en", "sacreBLEU", first["sacrebleu"]) in shown, shown
+
+
 def test_trainer_runs_get_the_same_repository(tmp_path, saved):
     """write_model_card is what VaswaniSeq2SeqTrainer.create_model_card calls on its output folder."""
     from transformers import Seq2SeqTrainer

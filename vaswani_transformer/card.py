@@ -202,6 +202,15 @@ def training_info_from_trainer(trainer) -> dict[str, Any]:
     return info
 
 
+REPORT_SCORES = ("sacrebleu", "tokenized_bleu", "chrf")
+
+
+def is_evaluation_report(value: Any) -> bool:
+    """Whether `value` is an evaluation report (`evaluation.evaluation_report`, vaswani-evaluate's JSON): a dict with
+    at least one of the scores `REPORT_SCORES`."""
+    return isinstance(value, Mapping) and any(value.get(k) is not None for k in REPORT_SCORES)
+
+
 def as_reports(eval_results) -> list[dict]:
     """Evaluation reports (`vaswani_transformer.evaluation.evaluation_report` dicts) from dicts or JSON paths."""
     if eval_results is None:
@@ -212,7 +221,7 @@ def as_reports(eval_results) -> list[dict]:
     for item in eval_results:
         report = read_json(Path(item)) if isinstance(item, (str, os.PathLike)) else dict(item)
         where = item if isinstance(item, (str, os.PathLike)) else "an evaluation result"
-        if not any(report.get(k) is not None for k in ("sacrebleu", "tokenized_bleu", "chrf")):
+        if not is_evaluation_report(report):
             raise ValueError(f"{where}: no 'sacrebleu', 'tokenized_bleu' or 'chrf' score (an evaluation report is "
                              "written by vaswani-evaluate).")
         reports.append(report)
@@ -473,7 +482,8 @@ def trainer_metric_reports(output_dir: PathLike, trainer=None) -> list[dict]:
     """Evaluation reports from a Trainer run's own metrics: `test_results.json` / `eval_results.json` (written by
     `trainer.save_metrics`), else the last `test_bleu` / `eval_bleu` entry of `trainer.state.log_history`. The keys
     are those of `evaluation.make_compute_metrics` (`<prefix>_bleu` = sacreBLEU, `_chrf`, `_tokenized_bleu`); the
-    signatures are not recorded there, so the card shows none."""
+    signatures are not recorded there, so the card shows none. Such a file that holds a vaswani-evaluate report
+    instead (its `--output_json` example once named `eval_results.json`) is taken as that report."""
     reports = []
     history = list(getattr(getattr(trainer, "state", None), "log_history", None) or [])
     for prefix, split in (("test", "test"), ("eval", "validation")):
@@ -481,6 +491,9 @@ def trainer_metric_reports(output_dir: PathLike, trainer=None) -> list[dict]:
         metrics = read_json(path) if path.is_file() else next(
             (entry for entry in reversed(history) if entry.get(f"{prefix}_bleu") is not None), {}
         )
+        if metrics.get(f"{prefix}_bleu") is None and is_evaluation_report(metrics):
+            reports.append(metrics)
+            continue
         if metrics.get(f"{prefix}_bleu") is None:
             continue
         reports.append({
@@ -502,6 +515,7 @@ __all__ = [
     "count_parameters",
     "detect_preset",
     "eval_results_for_card",
+    "is_evaluation_report",
     "read_json",
     "render_model_card",
     "trainer_metric_reports",

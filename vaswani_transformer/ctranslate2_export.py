@@ -594,9 +594,11 @@ def evaluate_ctranslate2(
     (`translate_lines_ctranslate2`, the folder's decoding defaults under `decoding`'s keywords) and score it. The
     report has `engine` "ctranslate2" and the translator's `compute_type` where our engine's has `model_dtype`; its
     `decoding` says `length_penalty_type` "transformers", CTranslate2's rule. `device`: CTranslate2's (default cpu)."""
-    from .evaluation import decoding_settings, read_test_set, report_translations  # `evaluate` loads only here
+    # (`evaluate` loads only here)
+    from .evaluation import check_report_destination, decoding_settings, read_test_set, report_translations
 
     test_set = read_test_set(sources, references, dataset=dataset, source_lang=source_lang, target_lang=target_lang)
+    check_report_destination(output_json)  # before translating
     accepted = [name for name in inspect.signature(translate_lines_ctranslate2).parameters][3:]
     if unknown := sorted(set(decoding or {}) - set(accepted)):
         raise ValueError(f"Decoding option(s) {', '.join(unknown)} are not options of the ctranslate2 engine; it "

@@ -33,6 +33,7 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from . import cli
+from .card import is_evaluation_report
 from .data import check_parallel_text_files, resolve_text_pair
 from .generation import PAPER_GENERATION_DEFAULTS
 from .hardware import warn_if_emulated
@@ -249,6 +250,8 @@ def evaluation_report(
     chrf_signature, tokenized_bleu, tokenized_bleu_signature, bleu_details (sacreBLEU's counts, totals,
     precisions, bp, sys_len, ref_len), tokenized_bleu_details (the same for the tokenized BLEU), decoding,
     plus any `extra` fields (e.g. source_file, reference_file; `evaluate_model` adds model_dtype, the weights' dtype).
+    An `output_json` holding something else than a report (a Trainer's `eval_results.json`) is refused
+    (`other_results_problem`).
     """
     scores = compute_translation_metrics(hypotheses, references, target_lang=target_lang, tokenize=tokenize)
     report = {
@@ -268,6 +271,7 @@ def evaluation_report(
         **extra,
     }
     if output_json is not None:
+        check_report_destination(output_json)
         output_json = Path(output_json)
         output_json.parent.mkdir(parents=True, exist_ok=True)
         output_json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -370,6 +374,7 @@ def evaluate_model(
     """
     test_set = read_test_set(sources, references, dataset=dataset, source_lang=source_lang,
                              target_lang=target_lang)  # fmt: skip
+    check_report_destination(output_json)  # before translating
 
     remedy = "evaluate in float32 (--dtype float32)"
     if isinstance(model_or_path, (str, os.PathLike)):
@@ -428,7 +433,7 @@ CLI_DESCRIPTION = """Translate a test set and report sacreBLEU (with signature),
 
     %(prog)s --model_name_or_path runs/base/averaged \\
         --test_file ../shared/data/multi30k/test_2016_flickr --source_lang en --target_lang de \\
-        --output_json runs/base/averaged/eval_results.json --hypotheses_file runs/base/averaged/test.hyp.de
+        --output_json runs/base/averaged/eval_test.json --hypotheses_file runs/base/averaged/test.hyp.de
 
     # Score existing translations without a model:
     %(prog)s --hypotheses test.hyp.de --reference test.de --target_lang de --output_json r.json
@@ -524,6 +529,29 @@ def sacrebleu_tokenizer_problem(target_lang: str, tokenize: str | None) -> str |
     return None
 
 
+def other_results_problem(path: PathLike, option: str = "--output_json") -> str | None:
+    """Why `option` (where a report goes) must not replace `path`, or None: a non-empty file that is not an
+    evaluation report (`card.is_evaluation_report`), such as the Trainer's `eval_results.json` in a run's or an
+    average's folder, whose validation score the model card reads. A report is replaced, as a new run of the same command does."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    try:
+        held = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        held = None
+    if is_evaluation_report(held):
+        return None
+    what = f"other results ({', '.join(list(held)[:3])})" if isinstance(held, dict) and held else "no evaluation report"
+    return f"{option} {path} holds {what}, which the report would replace: choose another file."
+
+
+def check_report_destination(output_json: PathLike | None) -> None:
+    """Raises FileExistsError where a report must not be written to `output_json` (`other_results_problem`)."""
+    if output_json is not None and (problem := other_results_problem(output_json, "output_json")):
+        raise FileExistsError(problem)
+
+
 def main(argv=None) -> int:
     """`vaswani-evaluate` / `scripts/evaluate_model.py`: prints the report; exit status 1 with an error line for
     bad input (checked before translating anything: an output that is an input, a scorer that cannot run)."""
@@ -537,6 +565,8 @@ def main(argv=None) -> int:
         for name, read in inputs.items():
             if problem is None and read is not None and is_same_file(read, path):
                 problem = f"{option} {path} is the {name} file: writing it would destroy the input."
+        if problem is None and option == "--output_json":
+            problem = other_results_problem(path)
         if problem is None and option == "--hypotheses_file" and args.output_json is not None and \
                 os.path.realpath(path) == os.path.realpath(args.output_json):  # fmt: skip
             problem = f"--hypotheses_file and --output_json are the same file ({path}): one would replace the other."

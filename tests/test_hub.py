@@ -375,6 +375,10 @@ def test_incomplete_folders_and_bad_inputs_are_refused(tmp_path, saved):
 def test_detect_preset():
     assert detect_preset(VaswaniTransformerConfig.from_preset("base", vocab_size=100)) == "base"
     assert detect_preset(VaswaniTransformerConfig.from_preset("big")) == "big"
+    # Section 6.1: the English-to-French big model used P_drop 0.1 (configs/wmt14_en_fr_big.yaml); it was "custom"
+    assert detect_preset(VaswaniTransformerConfig.from_preset("big", dropout=0.1)) == "big"
+    assert detect_preset(VaswaniTransformerConfig.from_preset("big", dropout=0.2)) == "custom"
+    assert detect_preset(VaswaniTransformerConfig.from_preset("base", dropout=0.2)) == "D-drop0.2"
     assert detect_preset(VaswaniTransformerConfig.from_preset("E-learned")) == "E-learned"
     assert detect_preset(VaswaniTransformerConfig(d_model=64, num_heads=2, d_ff=128)) == "custom"
 

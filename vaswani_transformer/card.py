@@ -109,9 +109,12 @@ _ARCHITECTURE_FIELDS = ("d_model", "encoder_layers", "decoder_layers", "num_head
 
 
 def detect_preset(config) -> str:
-    """The first paper preset (`base`, `big`, Table 3 rows) whose architecture equals `config`'s, else "custom"."""
+    """The first paper preset (`base`, `big`, Table 3 rows) whose architecture equals `config`'s, else "custom". The
+    big model with P_drop 0.1 is `big`: Section 6.1's English-to-French big model (configs/wmt14_en_fr_big.yaml)."""
     for name in PRESETS:
         preset = VaswaniTransformerConfig.from_preset(name)
+        if name == "big" and config.dropout == 0.1:
+            preset.dropout = 0.1
         if all(getattr(preset, f) == getattr(config, f) for f in _ARCHITECTURE_FIELDS):
             return name
     return "custom"

@@ -21,8 +21,10 @@ import functools
 import importlib.resources
 import inspect
 import json
+import logging
 import os
 import sys
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -57,6 +59,8 @@ from .translate import (
     transformers_only_options,
     translate_lines,
 )
+
+logger = logging.getLogger(__name__)
 
 
 PathLike = str | os.PathLike
@@ -254,6 +258,8 @@ def evaluation_report(
     (`other_results_problem`).
     """
     scores = compute_translation_metrics(hypotheses, references, target_lang=target_lang, tokenize=tokenize)
+    if warning := unlike_normal_forms_warning(hypotheses, references, extra.get("reference_file")):
+        logger.warning(warning)
     report = {
         "model": model,
         "source_lang": source_lang,
@@ -276,6 +282,22 @@ def evaluation_report(
         output_json.parent.mkdir(parents=True, exist_ok=True)
         output_json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return report
+
+
+def unlike_normal_forms_warning(hypotheses: Sequence[str], references: Sequence, reference_name=None) -> str | None:
+    """A warning where every hypothesis is in Unicode NFC (our tokenizers decode to NFC) and some references are not:
+    sacreBLEU and chrF compare characters as written, so a decomposed "u + diaeresis" counts against a composed "ü",
+    and the same translations score lower (a perfect one 81 BLEU against NFD references). None otherwise."""
+    if not all(unicodedata.is_normalized("NFC", h) for h in hypotheses):
+        return None
+    lines = [i for i, r in enumerate(references, 1)
+             if not all(unicodedata.is_normalized("NFC", t) for t in ([r] if isinstance(r, str) else r))]  # fmt: skip
+    if not lines:
+        return None
+    where = f"{reference_name}:{lines[0]}" if reference_name else f"reference {lines[0]}"
+    return (f"{len(lines)} of {len(references)} references are not in Unicode NFC (the first: {where}) while the "
+            "translations are: sacreBLEU and chrF count their decomposed characters as mismatches, so the scores are "
+            "lower than for the same text in NFC. Normalise the references to NFC (unicodedata.normalize).")
 
 
 class EvaluationSet(NamedTuple):

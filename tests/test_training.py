@@ -377,6 +377,20 @@ def test_recipe_files_and_overrides(tmp_path):
     assert training_args.max_steps == 9  # the command line wins
     assert training_args.output_dir == "out" and data_args.source_lang == "en"
     assert parse_config_overrides(model_args.config_overrides) == {"d_model": 64, "dropout": 0.3}
+    # a --config_overrides flag changes the fields it names (it replaced them all: the model became the preset's)
+    for flag, fields in (("dropout=0.2", {"d_model": 64, "dropout": 0.2}),
+                         ("hidden_size=128,d_ff=96", {"d_model": 128, "dropout": 0.3, "d_ff": 96})):  # fmt: skip
+        model_args = parse_arguments([str(recipe), "--config_overrides", flag])[0]
+        assert parse_config_overrides(model_args.config_overrides) == fields, flag
+    # a single value for a list (it failed after training), and prediction_loss_only with generated translations
+    # (a TypeError after training), are errors before any work
+    (tmp_path / "grid.yaml").write_text("output_dir: out\nlength_penalty_grid: 1.0\n")
+    with pytest.raises(ValueError, match="length_penalty_grid: 1.0 is one value, but length_penalty_grid takes a list"):
+        parse_arguments([str(tmp_path / "grid.yaml")])
+    with pytest.raises(ValueError, match="prediction_loss_only skips the translations"):
+        parse_arguments(["--output_dir", "out", "--prediction_loss_only", "true"])
+    assert parse_arguments(["--output_dir", "out", "--prediction_loss_only", "true", "--predict_with_generate",
+                            "false"])[2].prediction_loss_only  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps({"output_dir": "o2", "tokens_per_update": 25000}))
     assert parse_arguments([str(tmp_path / "r.json")])[1].tokens_per_update == 25000
 
@@ -1471,6 +1485,31 @@ def test_length_penalty_grid_in_a_training_run(tmp_path):
     with pytest.raises(ValueError, match="length_penalty_grid=\\[1.0\\] chooses alpha by validation BLEU"):
         run_from_args(no_validation)
     assert not (tmp_path / "out2").exists() or not list((tmp_path / "out2").glob("checkpoint-*"))
+
+
+def test_the_tested_model_is_scored_as_it_decodes_when_saved_whatever_generation_num_beams_says(tmp_path, caplog):
+    """transformers' `--generation_num_beams` decodes the validation during training; the test score (and the
+    grid's alpha) are the saved model's own decoding: its test_translations.txt is what `translate_lines` gives the
+    saved folder. Before, the test was decoded greedily while the saved model and its card said beam 4."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from vaswani_transformer.translate import translate_lines
+
+    data = write_fixture(tmp_path / "data", n_train=60, n_valid=16)
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", logger="vaswani_transformer.train"):
+        result = run_from_args(tiny_args(data, out, "--max_steps", "6", "--do_predict", "--test_file",
+                                         str(data / "valid"), "--generation_num_beams", "1", "--eval_strategy",
+                                         "steps", "--eval_steps", "3"))  # fmt: skip
+    assert "generation_num_beams=1 decoded the validation during training" in caplog.text
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    assert model.generation_config.num_beams == 4
+    sources = (data / "valid.src").read_text(encoding="utf-8").splitlines()
+    saved = translate_lines(model, tokenizer, sources)
+    greedy = translate_lines(model, tokenizer, sources, num_beams=1)
+    assert saved != greedy  # (else this run could not tell the two apart)
+    assert (out / "test_translations.txt").read_text(encoding="utf-8").splitlines() == saved
+    assert result["test"]["test_length_penalty"] == model.generation_config.length_penalty
 
 
 def test_do_eval_and_do_predict_without_their_set_are_errors_before_any_work(tmp_path):

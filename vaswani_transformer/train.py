@@ -313,6 +313,19 @@ def boolean_argument_names() -> set[str]:
     return names
 
 
+def list_argument_names() -> set[str]:
+    """The arguments that take only a list (`length_penalty_grid`, `label_names`): a recipe's single value for one is an
+    error up front (it failed after training, where the list was first iterated)."""
+    names = set()
+    for cls in ARGUMENT_CLASSES:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            types = [t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None)]
+            if f.init and types and all(t is list or typing.get_origin(t) is list for t in types):
+                names.add(f.name)
+    return names
+
+
 def _check_yaml_keys_once(text: str) -> None:
     """A ValueError naming a key given twice in one mapping of a YAML text and its lines (PyYAML's loaders keep the
     last one without a word); from the composed nodes, which construct no Python objects."""
@@ -365,6 +378,10 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
                 f"{path}: {key}: {value} is a boolean (YAML reads an unquoted yes, no, on, off, true or false so), but "
                 f'{key} takes text or a number: quote the word you meant, e.g. {key}: "{"yes" if value else "no"}".'
             )
+    for key in sorted(list_argument_names() & set(recipe)):
+        if recipe[key] is not None and not isinstance(recipe[key], list):
+            raise ValueError(f"{path}: {key}: {recipe[key]!r} is one value, but {key} takes a list: write "
+                             f"{key}: [{recipe[key]}].")  # fmt: skip
     if isinstance(recipe.get("config_overrides"), dict):
         recipe["config_overrides"] = ",".join(f"{k}={v}" for k, v in recipe["config_overrides"].items())
     return recipe
@@ -402,6 +419,8 @@ def parse_arguments(argv: list[str] | None = None):
             if action.dest in recipe:
                 action.required = False
     flags = given_arguments(argv)
+    if recipe.get("config_overrides") and flags.get("config_overrides"):  # field by field, as other flags override
+        flags["config_overrides"] = merge_config_overrides(recipe["config_overrides"], flags["config_overrides"])
     given = {**recipe, **flags}  # what the user set: recipe keys, then flags
     parser.set_defaults(**preset_training_defaults(given.get("preset", "base"), given), **recipe)
     model_args, data_args, training_args, rest = parser.parse_args_into_dataclasses(
@@ -409,6 +428,8 @@ def parse_arguments(argv: list[str] | None = None):
     )
     if rest:
         raise ValueError(f"{unknown_arguments_message(parser, rest)} Unknown arguments: {rest}.")
+    if "config_overrides" in flags:
+        model_args.config_overrides = flags["config_overrides"]
     if isinstance(training_args.generation_config, os.PathLike):  # the parser makes a Path: not JSON, saving failed
         training_args.generation_config = os.fspath(training_args.generation_config)
     check_arguments_take_effect(given, data_args, training_args, flags)
@@ -471,6 +492,11 @@ def check_arguments_take_effect(given: dict[str, Any], data_args, training_args,
             f"max_tokens_per_batch tokens per side and device (now {data_args.max_tokens_per_batch}); it would only "
             "drop the last batch of the validation and test sets, which are scored whole. Leave it out."
         )
+    if given.get("prediction_loss_only") and training_args.predict_with_generate:
+        raise ValueError(
+            "prediction_loss_only skips the translations that predict_with_generate decodes for BLEU (and the test "
+            "set's examples): for losses alone, give predict_with_generate false instead."
+        )
     if "gradient_accumulation_steps" in given and data_args.tokens_per_update is not None:
         raise ValueError(
             f"gradient_accumulation_steps={given['gradient_accumulation_steps']} and tokens_per_update="
@@ -515,6 +541,15 @@ def preset_training_defaults(preset: str, given: dict[str, Any] | None = None) -
     if "num_train_epochs" in given:
         values.pop("max_steps", None)
     return values
+
+
+def merge_config_overrides(recipe: str, flag: str) -> str:
+    """A recipe's ``config_overrides`` with a flag's fields over them (``"d_model=32,dropout=0.1"`` and
+    ``"dropout=0.2"`` give ``"d_model=32,dropout=0.2"``): the flag changes the fields it names, as any flag changes
+    the recipe's value, rather than replacing every field (the model fell back to the preset's size)."""
+    named = set(parse_config_overrides(flag))
+    kept = [item for item in recipe.split(",") if item.strip() and not set(parse_config_overrides(item)) & named]
+    return ",".join([*kept, flag])
 
 
 def parse_config_overrides(text: str | None) -> dict[str, Any]:
@@ -894,9 +929,12 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                       f"{cost['model_flops_per_target_token']:.3g} per target token; vaswani_transformer.flops)",
                       flush=True)
     tested_dir = training_args.output_dir  # the folder of the model the test set scores
+    validated_otherwise = decode_the_tested_model_as_saved(trainer)
     compare_average = data_args.average_last_checkpoints > 0 and training_args.do_eval and "validation" in tokenized
     if compare_average:  # the model before averaging, on the validation set: averaging a short run can cost BLEU
-        before = _final_step_eval(trainer) or trainer.evaluate(metric_key_prefix="eval")
+        before = (None if validated_otherwise else _final_step_eval(trainer)) or trainer.evaluate(
+            metric_key_prefix="eval"
+        )
         result["eval_before_averaging"] = _with_length_penalty(before, trainer)
     if data_args.average_last_checkpoints > 0:
         if trainer.is_world_process_zero():
@@ -927,8 +965,8 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
             _with_length_penalty(trainer.evaluate(metric_key_prefix="eval"), trainer)
     if training_args.do_predict and "test" in tokenized:
         output = trainer.predict(tokenized["test"], metric_key_prefix="test")
-        result["test"] = output.metrics
-        trainer.log_metrics("test", output.metrics)
+        result["test"] = _with_length_penalty(output.metrics, trainer, "test")
+        trainer.log_metrics("test", result["test"])
         if trainer.is_world_process_zero() and training_args.predict_with_generate:
             preds = np.where(output.predictions < 0, tokenizer.pad_token_id, output.predictions)
             hyps = tokenizer.batch_decode(preds, skip_special_tokens=True)
@@ -939,7 +977,7 @@ def run_training(model_args: ModelArguments, data_args: DataTrainingArguments,
                 for p, h in zip(pairs, hyps[:n])
             ]
             write_lines(hyps, Path(tested_dir, "test_translations.txt"))
-            print(f"Test BLEU {output.metrics.get('test_bleu', float('nan')):.2f}; examples:", flush=True)
+            print(f"Test BLEU {result['test'].get('test_bleu', float('nan')):.2f}; examples:", flush=True)
             for ex in result["examples"]:
                 print(f"  src: {ex['source']}\n  ref: {ex['reference']}\n  hyp: {ex['hypothesis']}\n", flush=True)
     if trainer.is_world_process_zero():
@@ -1002,6 +1040,27 @@ def _checkpoint_global_step(checkpoint: str) -> int | None:
     return step
 
 
+def decode_the_tested_model_as_saved(trainer) -> bool:
+    """From here on (the scores of the tested model: before and after averaging, the length-penalty grid, validation
+    and test), decode as the saved model decodes, with its generation config: transformers' `generation_num_beams` and
+    `generation_max_length` decode the validation during training only (a cheaper one). They used to decode the test
+    too, so the published score was another decoding's than the model's, and the grid's alpha was chosen for it (with
+    one beam, any alpha ties). Returns whether they were set (then the last update's validation is not comparable)."""
+    args = trainer.args
+    names = ("generation_num_beams", "generation_max_length")
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if given and args.predict_with_generate and trainer.is_world_process_zero():
+        settings = ", ".join(f"{name}={value}" for name, value in given.items())
+        config = trainer.accelerator.unwrap_model(trainer.model).generation_config
+        logger.warning(
+            f"{settings} decoded the validation during training; the tested model's scores decode as it is saved "
+            f"(num_beams={config.num_beams}, its length rule): to publish another decoding, give --generation_config."
+        )
+    for name in given:
+        setattr(args, name, None)
+    return bool(given)
+
+
 def _final_step_eval(trainer) -> dict[str, float] | None:
     """The validation metrics the Trainer logged at the run's last update (``eval_steps`` dividing ``max_steps``), or
     None when it logged none there, or when the model is not the last update's (``load_best_model_at_end`` loaded
@@ -1013,13 +1072,13 @@ def _final_step_eval(trainer) -> dict[str, float] | None:
     return {k: v for k, v in logged[-1].items() if k.startswith("eval_")} if logged else None
 
 
-def _with_length_penalty(metrics: dict[str, float], trainer) -> dict[str, float]:
-    """``metrics`` of a validation run plus ``eval_length_penalty``, the alpha its translations were decoded with (the
-    model's generation config); as they are when the run does not decode."""
+def _with_length_penalty(metrics: dict[str, float], trainer, prefix: str = "eval") -> dict[str, float]:
+    """``metrics`` of a validation (or test) run plus ``<prefix>_length_penalty``, the alpha its translations were
+    decoded with (the model's generation config); as they are when the run does not decode."""
     if not trainer.args.predict_with_generate:
         return metrics
     alpha = trainer.accelerator.unwrap_model(trainer.model).generation_config.length_penalty
-    return {**metrics, "eval_length_penalty": alpha}
+    return {**metrics, f"{prefix}_length_penalty": alpha}
 
 
 def _save_metrics(trainer, folder: str, prefix: str, metrics: dict[str, float]) -> None:

@@ -215,7 +215,7 @@ def test_conflicting_data_sources_and_a_header_of_other_columns_are_errors(tmp_p
                               test_file=str(tmp_path / "v.tsv"), cache_dir=cache)  # fmt: skip
     with pytest.raises(ValueError, match=r"dataset_config_name \(de-en\) names a configuration of a Hub dataset"):
         load_parallel_dataset(dataset_name=str(tmp_path / "ende"), dataset_config_name="de-en", cache_dir=cache)
-    for header in ("en\tfr", "source\ttarget", "Src\tTgt"):
+    for header in ("en\tfr", "source\ttarget", "Src\tTgt", "EN\tDE", "en \t de"):  # (the last two: read as a pair)
         (tmp_path / "h.tsv").write_text(f"{header}\nHello\tBonjour\n", encoding="utf-8")
         with pytest.raises(ParallelDataError, match=r"h\.tsv:1: the first line .* looks like a header, but a header "
                                                     r"names the two languages, en and de"):  # fmt: skip

@@ -132,8 +132,8 @@ def _check_tsv_first_line(fields: list[str], source_lang: str, target_lang: str,
     source/target): read as a pair, it would train on the header and on a column of another language."""
     if len(fields) != 2 or _is_tsv_header(fields, source_lang, target_lang):
         return
-    named = [field.strip().lower() for field in fields]
-    if source_lang in fields or target_lang in fields or named in (["source", "target"], ["src", "tgt"]):
+    named = [field.strip().lower() for field in fields]  # ("EN", "de " name the languages too: not a pair)
+    if {source_lang.lower(), target_lang.lower()} & set(named) or named in (["source", "target"], ["src", "tgt"]):
         raise ParallelDataError(
             f"{path}:1: the first line ({fields[0]!r}, {fields[1]!r}) looks like a header, but a header names the two "
             f"languages, {source_lang} and {target_lang} (in either order), so that the columns can be told apart. "

@@ -188,6 +188,12 @@ def test_bad_inputs_name_the_file_and_line(tmp_path):
                                       '"b", "en": "c"}}\n')  # a key twice: json kept the last one without a word
     with pytest.raises(ParallelDataError, match=r"g\.jsonl:2: 'en' given twice; keep one"):
         load_parallel_dataset(train_file=str(tmp_path / "g.jsonl"), cache_dir=cache)
+    # JSON's "\ud800" escape is half of a character: it was a DatasetGenerationError naming no file or line
+    (tmp_path / "s.jsonl").write_text('{"translation": {"en": "a", "de": "b"}}\n{"translation": {"en": "a", "de": '
+                                      '"x\\ud800y"}}\n')  # fmt: skip
+    with pytest.raises(ParallelDataError, match=r"s\.jsonl:2: \"translation\"\['de'\] holds a lone surrogate "
+                                                r"\('\\ud800' at character 1\)"):  # fmt: skip
+        load_parallel_dataset(train_file=str(tmp_path / "s.jsonl"), cache_dir=cache)
 
     with pytest.raises(ParallelDataError, match="expected a .jsonl/.json or .tsv file, or a prefix with"):
         load_parallel_dataset(train_file=str(tmp_path / "nothing"), cache_dir=cache)

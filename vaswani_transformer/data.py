@@ -204,6 +204,13 @@ def _generate_pairs(spec: str) -> Iterator[dict[str, dict[str, str]]]:
                         )
                     if not isinstance(translation[lang], str):
                         raise ParallelDataError(f'{path}:{n}: "translation"[{lang!r}] is not a string.')
+                    try:  # JSON's \ud800 escapes decode to lone surrogates, which no text holds (Arrow fails later)
+                        translation[lang].encode("utf-8")
+                    except UnicodeEncodeError as err:
+                        raise ParallelDataError(
+                            f'{path}:{n}: "translation"[{lang!r}] holds a lone surrogate ({err.object[err.start]!r} '
+                            f"at character {err.start}), an escape that is half of a character: not text."
+                        ) from None
                 yield _pair(src, tgt, translation[src], translation[tgt])
     else:  # pragma: no cover - formats are validated before
         raise ValueError(fmt)

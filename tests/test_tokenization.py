@@ -184,6 +184,11 @@ def test_training_from_files_streams_lines_and_reports_bad_utf8(tmp_path):
         train_tokenizer(files=[en, bad], vocab_size=400, show_progress=False)
     with pytest.raises(FileNotFoundError, match="missing.en"):
         train_tokenizer(files=[tmp_path / "missing.en"], vocab_size=400, show_progress=False)
+    # a pipe (`--files <(cat train.en)`) or a folder exists: "not found" was the wrong reason
+    os.mkfifo(tmp_path / "pipe.en")
+    for path in (tmp_path / "pipe.en", tmp_path):
+        with pytest.raises(ValueError, match=f"{path} is not a regular file \\(a pipe or a folder\\)"):
+            train_tokenizer(files=[en, path], vocab_size=400, show_progress=False)
 
 
 def test_check_tokenizer_matches_config(trained):

@@ -189,8 +189,11 @@ def train_tokenizer(
         raise ValueError(f"vocab_size={vocab_size} is too small for {model}: the byte alphabet and special tokens "
                          f"alone need {minimum}.")
     for path in files or ():
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise FileNotFoundError(f"Tokenizer training file not found: {path}")
+        if not os.path.isfile(path):  # (the tokenizers library reads a file by its name, and more than once)
+            raise ValueError(f"Tokenizer training file {path} is not a regular file (a pipe or a folder): save the "
+                             "text to a file and give that.")
     tokenizer = _base_tokenizer(model)
     common = dict(
         vocab_size=vocab_size,

@@ -554,7 +554,8 @@ def sacrebleu_tokenizer_problem(target_lang: str, tokenize: str | None) -> str |
 def other_results_problem(path: PathLike, option: str = "--output_json") -> str | None:
     """Why `option` (where a report goes) must not replace `path`, or None: a non-empty file that is not an
     evaluation report (`card.is_evaluation_report`), such as the Trainer's `eval_results.json` in a run's or an
-    average's folder, whose validation score the model card reads. A report is replaced, as a new run of the same command does."""
+    average's folder, whose validation score the model card reads. A report is replaced, as a new run of the same
+    command does."""
     path = Path(path)
     if not path.is_file() or path.stat().st_size == 0:
         return None

@@ -77,6 +77,12 @@ def generate_pairs(
 ) -> dict[str, list[tuple[str, str]]]:
     """``{split: [(source, target), ...]}`` with ``sizes[split]`` distinct pairs per split, splits disjoint.
 
+    The splits come from one random stream in the order of ``sizes`` (train first), so a held-out split holds only
+    examples the splits before it did not draw (with 20,000 training numbers every number under 1,000 is in training,
+    and the quickstart's test numbers have 4-6 digits), and it changes with their sizes. A smaller training set is
+    the start of a larger one, so the largest run's test set is disjoint from every smaller run's training set: score
+    runs of several ``synthetic_train_size`` on that one file (``--test_file``). Drawing held-out splits first would
+    take the few small numbers away from training.
     Raises ``ValueError`` for an unknown task or when the task has fewer distinct examples than requested.
     """
     if task not in SYNTHETIC_TASKS:

@@ -10,8 +10,11 @@ base` or `big`: the paper's sizes, vocabulary `--vocab-size`). They
 decode the same batch of random sources (~20 tokens) with beam 4, length penalty 0.6, in two scenarios:
 
 * fixed: </s> is suppressed, every sentence runs exactly `--new-tokens` steps (the models and the loops);
-* natural: `--eos-bias` makes </s> likely enough that hypotheses end at various lengths; maximum length source
-  length + 50 (ours: per sentence, the paper's rule; transformers': one `max_length`, the longest sentence's).
+* natural: `--eos-bias` makes </s> likelier; maximum length source length + 50 (ours: per sentence, the paper's
+  rule; transformers': one `max_length`, the longest sentence's). With random weights every token costs about as
+  much, so the bias either ends a search at once or not at all: at the default, no output ends with </s> and the
+  rows compare the two length limits (a line printed under the table says how many ended). A trained model
+  (`--model`, below) gives natural lengths.
 
 Rows: ours with the paper's beam search (the default `generate`, its linear layers on packed weights on a CPU, kept
 from call to call while the weights stay as they are); the same as a first call makes it, packing the weights anew
@@ -162,6 +165,21 @@ def timed(runs: dict, inputs, repeats: int, device: torch.device) -> dict:
     return best
 
 
+def natural_ends_line(ours_out: torch.Tensor, marian_out: torch.Tensor, eos: int, trained: bool) -> str:
+    """How many of each decoder's outputs end with </s>, and, where none does, that the "natural" rows then compare
+    the two length limits (ours: each sentence's source + 50; transformers': the batch's longest + 50), not sentences
+    ending at their own lengths: with random weights every token costs about as much, so --eos-bias either ends a
+    search at once or not at all (found on 2026-11-29; the rows of earlier README tables were such rows)."""
+    ended = [int((out == eos).any(-1).sum()) for out in (ours_out, marian_out)]
+    line = (f"natural: outputs ending with </s>: ours {ended[0]} of {len(ours_out)}, MarianMTModel {ended[1]} of "
+            f"{len(marian_out)}")
+    if not any(ended):
+        line += (" - every output ran to its length limit, so the natural rows compare length rules (ours: each "
+                 "sentence's source + 50; transformers': the batch's longest + 50), not natural ends"
+                 + ("" if trained else "; --model with --sources decodes a trained model's own lengths"))
+    return line
+
+
 def time_split(model, run, inputs, steps: int, repeats: int, device: torch.device) -> dict:
     """Milliseconds per decoding step in the output layer, the other linear layers, the rest of the forward pass and
     the rest of `generate`, from forward hooks on `model` (mean of `repeats` calls of `run`, after one warm-up; on a
@@ -178,7 +196,11 @@ def time_split(model, run, inputs, steps: int, repeats: int, device: torch.devic
             lambda *_: spent.__setitem__(name, spent[name] + now(device) - starts[id(module)])
         ))  # fmt: skip
 
+    encoder = {id(module) for module in model.get_encoder().modules()}  # runs once per call, outside the steps
+
     def timed_linear(layer, x):
+        if id(layer) in encoder:
+            return product(layer, x)
         started = now(device)
         y = product(layer, x)
         name = "output layer" if layer is output_layer else "other linear layers"
@@ -187,7 +209,7 @@ def time_split(model, run, inputs, steps: int, repeats: int, device: torch.devic
 
     timer(model, "forward")
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and not ours:
+        if isinstance(module, torch.nn.Linear) and not ours and id(module) not in encoder:
             timer(module, "output layer" if module is output_layer else "other linear layers")
     product = modeling.linear
     if ours:
@@ -206,8 +228,8 @@ def time_split(model, run, inputs, steps: int, repeats: int, device: torch.devic
     linear = spent["output layer"] + spent["other linear layers"]
     per_step = {
         "output layer": spent["output layer"], "other linear layers": spent["other linear layers"],
-        "rest of the forward pass": spent["forward"] - linear, "search and the rest of generate": spent["generate"] -
-        spent["forward"], "total": spent["generate"],
+        "rest of the forward pass": spent["forward"] - linear, "encoder, search and the rest of generate":
+        spent["generate"] - spent["forward"], "total": spent["generate"],
     }  # fmt: skip
     return {name: 1000 * value / (repeats * steps) for name, value in per_step.items()}
 
@@ -343,8 +365,10 @@ def main():
         same = torch.equal(ours_hf(**inputs), marian_hf(**inputs))
         print(f"{scenario}: ours with transformers' beam search == MarianMTModel's output: {same}")
         if scenario == "natural":
-            lengths = (runs["ours, paper beam search"](**inputs)[:, 1:] != 0).sum(-1).float()
+            ours_out, marian_out = runs["ours, paper beam search"](**inputs), marian_hf(**inputs)
+            lengths = (ours_out[:, 1:] != 0).sum(-1).float()
             print(f"natural: paper beam search output lengths: mean {lengths.mean():.1f}, max {lengths.max():.0f}")
+            print(natural_ends_line(ours_out, marian_out, ours.config.eos_token_id, args.model is not None))
         baseline = seconds["MarianMTModel, early_stopping=True"]
         for name, s in seconds.items():
             rows.append([scenario, name, f"{s:.3f}", f"{args.batch_size / s:.1f}", f"{baseline / s:.2f}x"])

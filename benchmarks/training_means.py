@@ -26,7 +26,7 @@ Each row changes one thing:
   projection as autocast does (their gradients then sum in bf16: a numerics change);
 * `compile-sublayers`: `torch.compile(dynamic=True)` of each residual connection (dropout, add, LayerNorm) only.
 
-The last column is the recipe's time over the changed step's: below 1x the change is slower. On a GPU our dropout
+The speed column is the recipe's time over the changed step's: below 1x the change is slower. On a GPU our dropout
 and loss are torch's own, so those rows are skipped there; in fp32 (no native bf16) `fp32-logits`, `bf16-model` and
 `cast-once` are.
 

@@ -79,3 +79,25 @@ def test_operator_times_see_every_operator_of_a_training_step_once():
     assert shares["precision casts (bf16 <-> fp32)"] > 0 and shares["optimizer (fused Adam)"] > 0
     assert shares["matrix products (mm, addmm, bmm, oneDNN's linear)"] > 0
     assert abs(sum(shares.values()) - 1.0) < 1e-9
+
+
+def test_the_median_run_of_two_is_the_slower_and_natural_rows_say_when_nothing_ended():
+    """training_token_batches.py's "median of N runs" took the faster of two (the best, by default); and the natural
+    rows of beam_search_speed.py, with random weights, had no output ending with </s> (every one ran to its length
+    limit), which the benchmark now says under its table."""
+    code = (
+        f"import sys, json, torch; sys.path.insert(0, {BENCHMARKS!r}); import training_token_batches as t, "
+        "beam_search_speed as b\n"
+        "runs = {'k': [{'tok_s': 1300.0}, {'tok_s': 1000.0}]}\n"
+        "three = {'k': [{'tok_s': 3.0}, {'tok_s': 1.0}, {'tok_s': 2.0}]}\n"
+        "capped = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 9]]); ended = torch.tensor([[1, 5, 2, 0], [1, 8, 9, 9]])\n"
+        "print(json.dumps([t.results_median(runs, 'k')['tok_s'], t.results_median(three, 'k')['tok_s'], "
+        "b.natural_ends_line(capped, capped, 2, False), b.natural_ends_line(ended, capped, 2, True)]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    two, three, none_ended, some_ended = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (two, three) == (1000.0, 2.0)
+    assert "ours 0 of 2, MarianMTModel 0 of 2 - every output ran to its length limit" in none_ended
+    assert "--model with --sources" in none_ended
+    assert some_ended.endswith("ours 1 of 2, MarianMTModel 0 of 2")

@@ -323,7 +323,8 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=1024, help="tokens per side per batch (recipe: 1024)")
     parser.add_argument("--steps", type=int, default=30, help="timed updates per setting")
     parser.add_argument("--warmup", type=int, default=5, help="untimed updates first")
-    parser.add_argument("--rounds", type=int, default=2, help="times each setting runs (median shown; of an even number, the slower middle run)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="times each setting runs (median shown; of an even number, the slower middle run)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
                         help="also time bf16 autocast; auto: where the CPU multiplies bf16 in hardware")

@@ -213,6 +213,36 @@ def test_schedule_of_a_run_is_what_it_trained_with(run):
     assert "learning_rate" not in info and info["max_steps"] == 6 and "num_train_epochs" not in info
 
 
+def test_an_evaluation_on_start_a_run_s_own_schedule_and_the_smoothed_validation_loss_are_drawn_as_they_are(
+        run, tmp_path):  # fmt: skip
+    """`--eval_on_start`'s evaluation (before update 1) had no wall time, so the time panel left it out; `--max_steps`
+    on a run folder redrew its schedule for another total (rates its optimizer never applied); and the validation
+    loss, label-smoothed like the training loss, was labelled as if it were the plain NLL."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vaswani_transformer.plots import _draw_curves
+
+    out, data = run
+    early = tmp_path / "early"
+    run_from_args(tiny_args(data, early, "--max_steps", "4", "--do_eval", "--eval_strategy", "steps", "--eval_steps",
+                            "2", "--eval_on_start", "true", "--per_device_eval_batch_size", "8", "--save_strategy",
+                            "no"))  # fmt: skip
+    curves, timed = learning_curve(early), learning_curve_by_time(early)
+    assert [s for s, _ in curves["eval_loss"]] == [0, 2, 4]
+    assert len(timed["eval_loss"]) == 3 and timed["eval_loss"][0][0] == 0.0
+    with pytest.raises(ValueError, match="trained for 6 updates, with the schedule of that total: --max_steps 12"):
+        learning_rate_schedule(out, max_steps=12)
+    assert learning_rate_schedule(out, max_steps=6).max_steps == 6
+    fig, ax = plt.subplots()
+    _draw_curves(ax, curves, "update")
+    labels = ax.get_legend_handles_labels()[1]
+    plt.close(fig)
+    assert "validation loss (label-smoothed)" in labels and "training loss (label-smoothed)" in labels
+
+
 def card_images(folder: Path) -> list[str]:
     return re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", (folder / "README.md").read_text(encoding="utf-8"))
 

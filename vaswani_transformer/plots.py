@@ -211,7 +211,11 @@ def _schedule_from_run(folder: Path, max_steps: int | None) -> LearningRateSched
     args = _read_json(folder / TRAINING_ARGS_JSON)
     d_model = _read_json(folder / "config.json").get("d_model")
     state = _read_json(folder / TRAINER_STATE_NAME) if (folder / TRAINER_STATE_NAME).is_file() else {}
-    steps = max_steps or state.get("max_steps") or args.get("max_steps")
+    own = state.get("max_steps") or args.get("max_steps")
+    if own and max_steps and max_steps != own:  # (a decaying schedule's shape depends on the total)
+        raise ValueError(f"{folder} trained for {own} updates, with the schedule of that total: --max_steps "
+                         f"{max_steps} would draw rates its optimizer never applied. Leave --max_steps out.")
+    steps = own or max_steps
     if not steps or steps < 1 or not d_model:
         raise ValueError(f"{folder}: cannot tell the run's number of updates or d_model; give --max_steps.")
     return LearningRateSchedule(
@@ -227,7 +231,7 @@ def _schedule_from_run(folder: Path, max_steps: int | None) -> LearningRateSched
 def learning_rate_schedule(recipe_or_run: PathLike, max_steps: int | None = None) -> LearningRateSchedule:
     """The schedule of a recipe (``configs/*.yaml``, read by ``train.parse_arguments`` with the preset's training
     defaults) or of a training output folder (its ``training_args.json``, ``config.json``, ``trainer_state.json``).
-    ``max_steps`` overrides the number of updates (needed for an epoch-based recipe)."""
+    ``max_steps`` overrides a recipe's number of updates (needed for an epoch-based recipe); a run's is its own."""
     path = Path(recipe_or_run)
     if path.is_dir():
         return _schedule_from_run(path, max_steps)
@@ -338,7 +342,7 @@ def _draw_curves(ax, curves: dict[str, list], xlabel: str, scale: float = 1.0) -
 
     handles = ax.plot(*xy(curves["loss"]), label="training loss (label-smoothed)")
     if "eval_loss" in curves:
-        handles += ax.plot(*xy(curves["eval_loss"]), "o-", label="validation loss")
+        handles += ax.plot(*xy(curves["eval_loss"]), "o-", label="validation loss (label-smoothed)")
     ax.set(xlabel=xlabel, ylabel="loss")
     if "eval_bleu" in curves:
         bleu = ax.twinx()
@@ -417,7 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     schedule = commands.add_parser("schedule", help="the learning-rate schedule of a recipe or a training run")
     schedule.add_argument("recipe_or_run", help="A recipe (configs/*.yaml) or a training output folder.")
     schedule.add_argument("--max_steps", "--max-steps", type=cli.positive_int,
-                          help="Updates to plot (default: the recipe's or run's max_steps).")  # fmt: skip
+                          help="A recipe's updates to plot (default: its max_steps; needed for an epoch-based "
+                               "recipe); a run is drawn with its own.")  # fmt: skip
     curves = commands.add_parser("curves", help="learning curves of a run against updates and wall time")
     curves.add_argument("run", help="A training output or checkpoint folder (or its trainer_state.json).")
     curves.add_argument("--title", help="Title (default: the run folder's name).")

@@ -401,6 +401,7 @@ class TrainingTotalsCallback(TrainerCallback, ExportableState):
         self.at_start: dict[str, Any] | None = {"source": 0, "target": 0, "seconds": 0.0}
         self.start_step = 0
         self.run_start: float | None = None
+        self.began = False  # on_train_begin seen (an evaluation before any training has no training time)
 
     def run_seconds(self) -> float:
         """Wall time of this run, from its first update."""
@@ -412,7 +413,7 @@ class TrainingTotalsCallback(TrainerCallback, ExportableState):
         return {"args": {}, "attributes": {**attributes, **({"batching": self.batching} if self.batching else {})}}
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.run_start, self.start_step = None, state.global_step
+        self.run_start, self.start_step, self.began = None, state.global_step, True
         if state.global_step == 0:
             self.source = self.target = 0
             self.at_start = {"source": 0, "target": 0, "seconds": 0.0}
@@ -448,7 +449,8 @@ class TrainingTotalsCallback(TrainerCallback, ExportableState):
     def on_log(self, args, state, control, logs=None, **kwargs):
         """Add the training wall time since update 1 (``elapsed_seconds``) to each log entry, for curves against time
         (``plots.learning_curve_by_time``); not when a resumed checkpoint lacked the earlier time."""
-        if self.at_start is None or self.run_start is None or not state.log_history:
+        # (before update 1, an evaluation on start: at the time training began)
+        if self.at_start is None or (self.run_start is None and not self.began) or not state.log_history:
             return
         elapsed = round(self.at_start["seconds"] + self.run_seconds(), 3)
         state.log_history[-1]["elapsed_seconds"] = elapsed  # the Trainer appended a copy of `logs` before on_log

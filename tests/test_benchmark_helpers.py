@@ -11,6 +11,14 @@ import pytest
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
+def printed_json(code: str):
+    """What `code`, run in a fresh Python (so that a benchmark's imports and process state are its own), prints as
+    JSON on its last line."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="peak RSS from /proc: Linux")
 def test_a_child_process_reports_its_own_peak_rss_not_its_parents():
     """Each benchmark setting runs in a child process so that its peak RSS is its own. getrusage's ru_maxrss is not:
@@ -19,9 +27,7 @@ def test_a_child_process_reports_its_own_peak_rss_not_its_parents():
     ballast = bytearray(b"\x01") * (1536 * 2**20)  # written, so resident
     code = (f"import sys, json, torch; sys.path.insert(0, {BENCHMARKS!r}); import device; "
             "print(json.dumps([device.peak_memory_mib(torch.device('cpu')), device.peak_rss_mib()]))")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    cpu_peak, rss_peak = json.loads(done.stdout.strip().splitlines()[-1])
+    cpu_peak, rss_peak = printed_json(code)
     assert cpu_peak == rss_peak
     assert 10 < rss_peak < 1024, rss_peak  # torch imported: a few hundred MiB, not the parent's 1.5 GiB and more
     assert ballast[-1] == 1
@@ -36,11 +42,7 @@ def test_bf16_notes_give_the_real_reason():
             "training_token_batches as t; print(json.dumps("
             "[s.bf16_note(r, n) for r in ('auto', 'yes', 'no') for n in (True, False)] + "
             "[t.recipe_precision(p, n) for p in (['fp32'], ['fp32', 'bf16']) for n in (True, False)]))")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    auto_native, auto_emulated, yes_native, yes_emulated, no_native, no_emulated, *recipe = json.loads(
-        done.stdout.strip().splitlines()[-1]
-    )
+    auto_native, auto_emulated, yes_native, yes_emulated, no_native, no_emulated, *recipe = printed_json(code)
     assert auto_native == yes_native == ""  # timed natively: nothing to explain
     assert "skipped: emulated" in auto_emulated and "emulated" in yes_emulated and "timed" in yes_emulated
     assert no_native == no_emulated and "--bf16 no" in no_native and "emulated" not in no_native
@@ -69,9 +71,7 @@ def test_operator_times_see_every_operator_of_a_training_step_once():
         "wall = time.perf_counter() - start\n"
         "print(json.dumps([timer.seconds, wall, t.profile_shares(timer.seconds)]))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    seconds, wall, shares = json.loads(done.stdout.strip().splitlines()[-1])
+    seconds, wall, shares = printed_json(code)
     assert {"aten::_to_copy", "aten::addmm", "aten::mm", "aten::_fused_adam_"} <= set(seconds), sorted(seconds)
     assert "aten::copy_" not in seconds  # inside `_to_copy`: counted there, not twice
     assert all(value > 0 for value in seconds.values())
@@ -94,9 +94,7 @@ def test_the_median_run_of_two_is_the_slower_and_natural_rows_say_when_nothing_e
         "print(json.dumps([t.results_median(runs, 'k')['tok_s'], t.results_median(three, 'k')['tok_s'], "
         "b.natural_ends_line(capped, capped, 2, False), b.natural_ends_line(ended, capped, 2, True)]))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    two, three, none_ended, some_ended = json.loads(done.stdout.strip().splitlines()[-1])
+    two, three, none_ended, some_ended = printed_json(code)
     assert (two, three) == (1000.0, 2.0)
     assert "ours 0 of 2, MarianMTModel 0 of 2 - every output ran to its length limit" in none_ended
     assert "--model with --sources" in none_ended

@@ -494,10 +494,9 @@ def trainer_metric_reports(output_dir: PathLike, trainer=None) -> list[dict]:
         metrics = read_json(path) if path.is_file() else next(
             (entry for entry in reversed(history) if entry.get(f"{prefix}_bleu") is not None), {}
         )
-        if metrics.get(f"{prefix}_bleu") is None and is_evaluation_report(metrics):
-            reports.append(metrics)
-            continue
         if metrics.get(f"{prefix}_bleu") is None:
+            if is_evaluation_report(metrics):
+                reports.append(metrics)
             continue
         reports.append({
             "sacrebleu": metrics[f"{prefix}_bleu"],

@@ -24,7 +24,9 @@ Each row changes one thing:
   update, 13 of the base one's, in a profile);
 * `cast-once`: each attention layer's float32 input cast to bf16 once for its Q, K and V projections, not once per
   projection as autocast does (their gradients then sum in bf16: a numerics change);
-* `compile-sublayers`: `torch.compile(dynamic=True)` of each residual connection (dropout, add, LayerNorm) only.
+* `compile-sublayers`: `torch.compile(dynamic=True)` of each residual connection (dropout, add, LayerNorm) only;
+* `unpadded-softmax`: the attention's softmax over fewer than 16 keys by torch's kernel as it is, not padded to 16
+  keys (`modeling_vaswani_transformer.softmax_over_keys`), i.e. the recipe's step before that change.
 
 The speed column is the recipe's time over the changed step's: below 1x the change is slower. On a GPU our dropout
 and loss are torch's own, so those rows are skipped there; in fp32 (no native bf16) `fp32-logits`, `bf16-model` and
@@ -54,6 +56,7 @@ sys.path.insert(0, str(REPO))
 from device import add_device_argument, check_device, describe, now  # noqa: E402
 from training_token_batches import attention_for, build, model_config, optimizer_step, prepare_batches  # noqa: E402
 
+from vaswani_transformer import modeling_vaswani_transformer as modeling  # noqa: E402
 from vaswani_transformer.modeling_vaswani_transformer import Dropout, MultiHeadAttention  # noqa: E402
 from vaswani_transformer.modeling_vaswani_transformer import SublayerConnection  # noqa: E402
 from vaswani_transformer.train import prepare_kernels  # noqa: E402
@@ -61,7 +64,7 @@ from vaswani_transformer.hardware import has_native_bf16  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
 MEANS = ("compile", "attention", "bernoulli-dropout", "plain-loss", "fp32-logits", "bf16-model",
-         "sparse-embedding-grads", "cast-once", "compile-sublayers")  # fmt: skip
+         "sparse-embedding-grads", "cast-once", "compile-sublayers", "unpadded-softmax")  # fmt: skip
 CPU_ONLY = ("bernoulli-dropout", "plain-loss")  # elsewhere ours are torch's own dropout and cross-entropy
 BF16_ONLY = ("fp32-logits", "bf16-model", "cast-once")
 
@@ -69,8 +72,10 @@ BF16_ONLY = ("fp32-logits", "bf16-model", "cast-once")
 class Step:
     """One model and its optimizer, and how its training step computes: `step(batch)` returns its seconds."""
 
-    def __init__(self, model, device, bf16: bool, loss: str = "blocked", fp32_logits: bool = False):
+    def __init__(self, model, device, bf16: bool, loss: str = "blocked", fp32_logits: bool = False,
+                 softmax_fast_keys: int | None = None):
         self.model, self.raw, self.device = model, getattr(model, "_orig_mod", model), device
+        self.softmax_fast_keys = softmax_fast_keys  # another `modeling._SOFTMAX_FAST_KEYS` during this step
         self.autocast = bf16 and next(self.raw.parameters()).dtype == torch.float32
         self.loss, self.fp32_logits = loss, fp32_logits
         self.masters = None
@@ -80,6 +85,15 @@ class Step:
         self.optimizer = torch.optim.Adam(weights, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
     def __call__(self, batch: dict) -> float:
+        if self.softmax_fast_keys is None:
+            return self._step(batch)
+        kept, modeling._SOFTMAX_FAST_KEYS = modeling._SOFTMAX_FAST_KEYS, self.softmax_fast_keys
+        try:
+            return self._step(batch)
+        finally:
+            modeling._SOFTMAX_FAST_KEYS = kept
+
+    def _step(self, batch: dict) -> float:
         start = now(self.device)
         labels = batch["labels"]
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
@@ -168,6 +182,8 @@ def changed_step(means: str, config, device, bf16: bool, attention: str) -> tupl
         return "attention inputs cast once, not per projection", Step(
             with_attention_inputs_cast_once(model), device, bf16
         )
+    if means == "unpadded-softmax":
+        return "softmax over < 16 keys not padded to 16", Step(model, device, bf16, softmax_fast_keys=0)
     if means == "compile-sublayers":
         return "compiled residual connections only", Step(with_compiled_sublayer_connections(model), device, bf16)
     raise ValueError(f"unknown means {means!r}; one of {MEANS}")

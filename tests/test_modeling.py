@@ -406,6 +406,40 @@ def test_float64_eager_attention_gives_a_query_that_sees_no_key_no_nan():
     torch.testing.assert_close(eager[1, 1:], sdpa[1, 1:], atol=1e-12, rtol=1e-12)
 
 
+def test_softmax_over_fewer_than_16_keys_on_a_cpu_is_padded_to_16_and_equals_float64():
+    """Attention's softmax over the keys (`softmax_over_keys`): on a CPU, fewer than 16 keys are padded to 16 with
+    scores of -inf (torch's kernel is ~10x slower per entry below 16), the weights returned as the real keys' columns.
+    Weights and gradients equal float64's softmax for 1-17 keys, masked keys and a row that sees no key included, in
+    float32 and from bf16 scores; eager attention hands the weights on contiguous."""
+    from vaswani_transformer.modeling_vaswani_transformer import eager_attention_forward, softmax_over_keys
+
+    generator = torch.Generator().manual_seed(0)
+    for keys in range(1, 18):
+        raw = torch.randn(3, 2, 5, keys, generator=generator) * 4
+        seen = torch.ones(raw.shape, dtype=torch.bool)
+        seen[0, :, :, keys // 2 :] = False  # padding keys
+        seen[1, 0, 0] = False  # a query that sees no key: uniform weights, as the masks' minimum gives
+        upstream = torch.randn(raw.shape, generator=generator, dtype=torch.float64)
+        for dtype, tolerance in ((torch.float32, 1e-6), (torch.bfloat16, 1e-6)):
+            scores = raw.to(dtype).masked_fill(~seen, torch.finfo(dtype).min).requires_grad_()
+            exact = scores.detach().double().requires_grad_()
+            reference = exact.softmax(-1)
+            (reference_grad,) = torch.autograd.grad(reference, exact, upstream)
+            weights = softmax_over_keys(scores, torch.float32)
+            assert weights.dtype == torch.float32 and weights.shape == scores.shape
+            assert weights.stride(-2) == (16 if keys < 16 else keys)  # the padded kernel's rows, or the scores' own
+            torch.testing.assert_close(weights.double(), reference.detach(), atol=tolerance, rtol=0)
+            (grad,) = torch.autograd.grad(weights, scores, upstream.float())
+            torch.testing.assert_close(grad.double(), reference_grad, atol=40 * tolerance if dtype == torch.float32
+                                       else 0.05 * reference_grad.abs().max(), rtol=0)  # fmt: skip
+    module = torch.nn.Module().eval()
+    query, key, value = (torch.randn(2, 2, 3, 4, generator=generator) for _ in range(3))
+    output, weights = eager_attention_forward(module, query, key, value, None, 0.5)
+    assert weights.is_contiguous()
+    torch.testing.assert_close(weights, (query @ key.transpose(2, 3) * 0.5).double().softmax(-1).float())
+    torch.testing.assert_close(output, (weights @ value).transpose(1, 2))
+
+
 def test_a_decoder_mask_that_does_not_cover_the_cache_is_an_error():
     """With a cache, decoder_attention_mask covers the cached tokens and the new ones (as in generate); a mask of the
     new tokens only used to give wrong outputs silently."""

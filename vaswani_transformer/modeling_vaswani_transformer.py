@@ -493,6 +493,22 @@ class TransformerEmbedding(nn.Module):
 # 3.2 Attention -------------------------------------------------------------------------------------------------------
 
 
+# torch's CPU softmax over a last dimension shorter than 16 runs ~10x slower per entry than over 16 (13 against 1.3
+# ns, forward and backward alike: Intel Xeon, AVX-512); a batch of short sentences attends over 10-15 keys.
+_SOFTMAX_FAST_KEYS = 16
+
+
+def softmax_over_keys(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """softmax(scores) over the keys (the last dimension) in `dtype`. On a CPU, fewer than 16 keys are padded to 16 with
+    scores of -inf, whose weights are exactly 0: the same probabilities from torch's faster kernel, returned as a view
+    of the real keys' columns."""
+    keys = scores.shape[-1]
+    if keys >= _SOFTMAX_FAST_KEYS or scores.device.type != "cpu" or is_torchdynamo_compiling():
+        return nn.functional.softmax(scores, dim=-1, dtype=dtype)
+    padded = nn.functional.pad(scores, (0, _SOFTMAX_FAST_KEYS - keys), value=float("-inf"))
+    return nn.functional.softmax(padded, dim=-1, dtype=dtype)[..., :keys]
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -512,8 +528,8 @@ def eager_attention_forward(
             scores = scores + attention_mask
     # Softmax in float32 for half precision, in float64 for a float64 model: cast to float32, its mask's minimum
     # would be -inf, and a query that sees no key (the padding of a left-padded prompt) NaN, spreading to later layers.
-    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-    weights = weights.to(query.dtype)
+    weights = softmax_over_keys(scores, torch.promote_types(scores.dtype, torch.float32))
+    weights = weights.to(query.dtype).contiguous()
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()
     return output, weights

@@ -410,7 +410,7 @@ def test_softmax_over_fewer_than_16_keys_on_a_cpu_is_padded_to_16_and_equals_flo
     """Attention's softmax over the keys (`softmax_over_keys`): on a CPU, fewer than 16 keys are padded to 16 with
     scores of -inf (torch's kernel is ~10x slower per entry below 16), the weights returned as the real keys' columns.
     Weights and gradients equal float64's softmax for 1-17 keys, masked keys and a row that sees no key included, in
-    float32 and from bf16 scores; eager attention hands the weights on contiguous."""
+    float32 and from bf16 scores; eager attention hands the weights on contiguous; a trace sees the plain softmax."""
     from vaswani_transformer.modeling_vaswani_transformer import eager_attention_forward, softmax_over_keys
 
     generator = torch.Generator().manual_seed(0)
@@ -432,6 +432,11 @@ def test_softmax_over_fewer_than_16_keys_on_a_cpu_is_padded_to_16_and_equals_flo
             (grad,) = torch.autograd.grad(weights, scores, upstream.float())
             torch.testing.assert_close(grad.double(), reference_grad, atol=40 * tolerance if dtype == torch.float32
                                        else 0.05 * reference_grad.abs().max(), rtol=0)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(lambda scores: softmax_over_keys(scores, torch.float32), torch.randn(2, 5))
+    longer = torch.randn(2, 20, generator=generator)  # a trace keeps no padding width for other lengths
+    torch.testing.assert_close(traced(longer), longer.softmax(-1))
     module = torch.nn.Module().eval()
     query, key, value = (torch.randn(2, 2, 3, 4, generator=generator) for _ in range(3))
     output, weights = eager_attention_forward(module, query, key, value, None, 0.5)

@@ -501,9 +501,15 @@ _SOFTMAX_FAST_KEYS = 16
 def softmax_over_keys(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """softmax(scores) over the keys (the last dimension) in `dtype`. On a CPU, fewer than 16 keys are padded to 16 with
     scores of -inf, whose weights are exactly 0: the same probabilities from torch's faster kernel, returned as a view
-    of the real keys' columns."""
+    of the real keys' columns. Not in a compiled graph or a trace, which see the plain softmax (a trace would keep
+    one padding width for every length)."""
     keys = scores.shape[-1]
-    if keys >= _SOFTMAX_FAST_KEYS or scores.device.type != "cpu" or is_torchdynamo_compiling():
+    if (
+        keys >= _SOFTMAX_FAST_KEYS
+        or scores.device.type != "cpu"
+        or is_torchdynamo_compiling()
+        or torch.jit.is_tracing()
+    ):
         return nn.functional.softmax(scores, dim=-1, dtype=dtype)
     padded = nn.functional.pad(scores, (0, _SOFTMAX_FAST_KEYS - keys), value=float("-inf"))
     return nn.functional.softmax(padded, dim=-1, dtype=dtype)[..., :keys]

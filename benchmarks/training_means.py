@@ -25,8 +25,8 @@ Each row changes one thing:
 * `cast-once`: each attention layer's float32 input cast to bf16 once for its Q, K and V projections, not once per
   projection as autocast does (their gradients then sum in bf16: a numerics change);
 * `compile-sublayers`: `torch.compile(dynamic=True)` of each residual connection (dropout, add, LayerNorm) only;
-* `unpadded-softmax`: the attention's softmax over fewer than 16 keys by torch's kernel as it is, not padded to 16
-  keys (`modeling_vaswani_transformer.softmax_over_keys`), i.e. the recipe's step before that change.
+* `unpadded-softmax`: the attention's softmax over fewer keys than a float32 vector holds by torch's kernel as it is,
+  not padded to a vector's (`modeling_vaswani_transformer.softmax_over_keys`): the recipe's step before that change.
 
 The speed column is the recipe's time over the changed step's: below 1x the change is slower. On a GPU our dropout
 and loss are torch's own, so those rows are skipped there; in fp32 (no native bf16) `fp32-logits`, `bf16-model` and
@@ -183,7 +183,7 @@ def changed_step(means: str, config, device, bf16: bool, attention: str) -> tupl
             with_attention_inputs_cast_once(model), device, bf16
         )
     if means == "unpadded-softmax":
-        return "softmax over < 16 keys not padded to 16", Step(model, device, bf16, softmax_fast_keys=0)
+        return "softmax over few keys not padded", Step(model, device, bf16, softmax_fast_keys=0)
     if means == "compile-sublayers":
         return "compiled residual connections only", Step(with_compiled_sublayer_connections(model), device, bf16)
     raise ValueError(f"unknown means {means!r}; one of {MEANS}")

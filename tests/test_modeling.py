@@ -406,12 +406,16 @@ def test_float64_eager_attention_gives_a_query_that_sees_no_key_no_nan():
     torch.testing.assert_close(eager[1, 1:], sdpa[1, 1:], atol=1e-12, rtol=1e-12)
 
 
-def test_softmax_over_fewer_than_16_keys_on_a_cpu_is_padded_to_16_and_equals_float64():
-    """Attention's softmax over the keys (`softmax_over_keys`): on a CPU, fewer than 16 keys are padded to 16 with
-    scores of -inf (torch's kernel is ~10x slower per entry below 16), the weights returned as the real keys' columns.
+def test_softmax_over_fewer_keys_than_a_float32_vector_on_a_cpu_is_padded_and_equals_float64():
+    """Attention's softmax over the keys (`softmax_over_keys`): on a CPU, fewer keys than a float32 vector holds (16
+    with AVX-512, 8 with AVX2) are padded to a vector's with scores of -inf (torch's kernel is ~10x slower per entry
+    below), the weights returned as the real keys' columns.
     Weights and gradients equal float64's softmax for 1-17 keys, masked keys and a row that sees no key included, in
     float32 and from bf16 scores; eager attention hands the weights on contiguous; a trace sees the plain softmax."""
+    from vaswani_transformer.modeling_vaswani_transformer import _SOFTMAX_FAST_KEYS as WIDTH
     from vaswani_transformer.modeling_vaswani_transformer import eager_attention_forward, softmax_over_keys
+
+    assert WIDTH == (16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 8)  # a float32 vector's entries
 
     generator = torch.Generator().manual_seed(0)
     for keys in range(1, 18):
@@ -427,7 +431,7 @@ def test_softmax_over_fewer_than_16_keys_on_a_cpu_is_padded_to_16_and_equals_flo
             (reference_grad,) = torch.autograd.grad(reference, exact, upstream)
             weights = softmax_over_keys(scores, torch.float32)
             assert weights.dtype == torch.float32 and weights.shape == scores.shape
-            assert weights.stride(-2) == (16 if keys < 16 else keys)  # the padded kernel's rows, or the scores' own
+            assert weights.stride(-2) == max(WIDTH, keys)  # the padded kernel's rows, or the scores' own
             torch.testing.assert_close(weights.double(), reference.detach(), atol=tolerance, rtol=0)
             (grad,) = torch.autograd.grad(weights, scores, upstream.float())
             torch.testing.assert_close(grad.double(), reference_grad, atol=40 * tolerance if dtype == torch.float32

@@ -493,15 +493,16 @@ class TransformerEmbedding(nn.Module):
 # 3.2 Attention -------------------------------------------------------------------------------------------------------
 
 
-# torch's CPU softmax over a last dimension shorter than 16 runs ~10x slower per entry than over 16 (13 against 1.3
-# ns, forward and backward alike: Intel Xeon, AVX-512); a batch of short sentences attends over 10-15 keys.
-_SOFTMAX_FAST_KEYS = 16
+# torch's CPU softmax over a last dimension shorter than one vector of float32 (16 with AVX-512, 8 with AVX2) runs ~10x
+# slower per entry (13-16 against 1-2 ns, forward and backward alike: Intel Xeon, also with torch's AVX2 kernels); a
+# batch of short sentences attends over 10-15 keys.
+_SOFTMAX_FAST_KEYS = 16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 8
 
 
 def softmax_over_keys(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """softmax(scores) over the keys (the last dimension) in `dtype`. On a CPU, fewer than 16 keys are padded to 16 with
-    scores of -inf, whose weights are exactly 0: the same probabilities from torch's faster kernel, returned as a view
-    of the real keys' columns. Not in a compiled graph or a trace, which see the plain softmax (a trace would keep
+    """softmax(scores) over the keys (the last dimension) in `dtype`. On a CPU, fewer keys than a vector holds
+    (`_SOFTMAX_FAST_KEYS`) are padded to a vector's with scores of -inf, whose weights are exactly 0: the same
+    probabilities from torch's faster kernel, returned as a view of the real keys' columns. Not in a compiled graph or a trace, which see the plain softmax (a trace would keep
     one padding width for every length)."""
     keys = scores.shape[-1]
     if (

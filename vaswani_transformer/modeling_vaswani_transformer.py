@@ -502,8 +502,8 @@ _SOFTMAX_FAST_KEYS = 16 if torch.backends.cpu.get_cpu_capability() == "AVX512" e
 def softmax_over_keys(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """softmax(scores) over the keys (the last dimension) in `dtype`. On a CPU, fewer keys than a vector holds
     (`_SOFTMAX_FAST_KEYS`) are padded to a vector's with scores of -inf, whose weights are exactly 0: the same
-    probabilities from torch's faster kernel, returned as a view of the real keys' columns. Not in a compiled graph or a trace, which see the plain softmax (a trace would keep
-    one padding width for every length)."""
+    probabilities from torch's faster kernel, returned as a view of the real keys' columns. Not in a compiled graph
+    or a trace, which see the plain softmax (a trace would keep one padding width for every length)."""
     keys = scores.shape[-1]
     if (
         keys >= _SOFTMAX_FAST_KEYS

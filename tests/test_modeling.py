@@ -409,9 +409,9 @@ def test_float64_eager_attention_gives_a_query_that_sees_no_key_no_nan():
 def test_softmax_over_fewer_keys_than_a_float32_vector_on_a_cpu_is_padded_and_equals_float64():
     """Attention's softmax over the keys (`softmax_over_keys`): on a CPU, fewer keys than a float32 vector holds (16
     with AVX-512, 8 with AVX2) are padded to a vector's with scores of -inf (torch's kernel is ~10x slower per entry
-    below), the weights returned as the real keys' columns.
-    Weights and gradients equal float64's softmax for 1-17 keys, masked keys and a row that sees no key included, in
-    float32 and from bf16 scores; eager attention hands the weights on contiguous; a trace sees the plain softmax."""
+    below), the weights returned as the real keys' columns. Weights and gradients equal float64's softmax for 1-17
+    keys, masked keys and a row that sees no key included, in float32 and from bf16 scores; eager attention hands the
+    weights on contiguous; a trace sees the plain softmax."""
     from vaswani_transformer.modeling_vaswani_transformer import _SOFTMAX_FAST_KEYS as WIDTH
     from vaswani_transformer.modeling_vaswani_transformer import eager_attention_forward, softmax_over_keys
 
@@ -424,7 +424,7 @@ def test_softmax_over_fewer_keys_than_a_float32_vector_on_a_cpu_is_padded_and_eq
         seen[0, :, :, keys // 2 :] = False  # padding keys
         seen[1, 0, 0] = False  # a query that sees no key: uniform weights, as the masks' minimum gives
         upstream = torch.randn(raw.shape, generator=generator, dtype=torch.float64)
-        for dtype, tolerance in ((torch.float32, 1e-6), (torch.bfloat16, 1e-6)):
+        for dtype in (torch.float32, torch.bfloat16):
             scores = raw.to(dtype).masked_fill(~seen, torch.finfo(dtype).min).requires_grad_()
             exact = scores.detach().double().requires_grad_()
             reference = exact.softmax(-1)
@@ -432,10 +432,10 @@ def test_softmax_over_fewer_keys_than_a_float32_vector_on_a_cpu_is_padded_and_eq
             weights = softmax_over_keys(scores, torch.float32)
             assert weights.dtype == torch.float32 and weights.shape == scores.shape
             assert weights.stride(-2) == max(WIDTH, keys)  # the padded kernel's rows, or the scores' own
-            torch.testing.assert_close(weights.double(), reference.detach(), atol=tolerance, rtol=0)
-            (grad,) = torch.autograd.grad(weights, scores, upstream.float())
-            torch.testing.assert_close(grad.double(), reference_grad, atol=40 * tolerance if dtype == torch.float32
-                                       else 0.05 * reference_grad.abs().max(), rtol=0)  # fmt: skip
+            torch.testing.assert_close(weights.double(), reference.detach(), atol=1e-6, rtol=0)  # float32 arithmetic
+            (grad,) = torch.autograd.grad(weights, scores, upstream.float())  # rounded to the scores' dtype
+            rounding = 4e-5 if dtype == torch.float32 else 2**-8 * reference_grad.abs().max()
+            torch.testing.assert_close(grad.double(), reference_grad, atol=rounding, rtol=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(lambda scores: softmax_over_keys(scores, torch.float32), torch.randn(2, 5))

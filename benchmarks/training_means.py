@@ -26,7 +26,10 @@ Each row changes one thing:
   projection as autocast does (their gradients then sum in bf16: a numerics change);
 * `compile-sublayers`: `torch.compile(dynamic=True)` of each residual connection (dropout, add, LayerNorm) only;
 * `unpadded-softmax`: the attention's softmax over fewer keys than a float32 vector holds by torch's kernel as it is,
-  not padded to a vector's (`modeling_vaswani_transformer.softmax_over_keys`): the recipe's step before that change.
+  not padded to a vector's (`modeling_vaswani_transformer.softmax_over_keys`): the recipe's step before that change;
+* `fp32-kernel`: float32 linear products (forward and gradients) by the other kernel: torch's own (MKL) where the
+  recipe's step sends them to oneDNN (`modeling_vaswani_transformer._ONEDNN_FP32_FASTER`: Zen 5 and later AVX-512
+  CPUs not Intel's), oneDNN elsewhere; only a float32 step has such products (`--bf16 no`).
 
 The speed column is the recipe's time over the changed step's: below 1x the change is slower. On a GPU our dropout
 and loss are torch's own, so those rows are skipped there; in fp32 (no native bf16) `fp32-logits`, `bf16-model` and
@@ -34,6 +37,7 @@ and loss are torch's own, so those rows are skipped there; in fp32 (no native bf
 
     python benchmarks/training_means.py                          # small model, 1024-token batches, all rows
     python benchmarks/training_means.py --means compile attention --steps 100
+    python benchmarks/training_means.py --bf16 no --means fp32-kernel unpadded-softmax   # the float32 step
 
 Needs ../shared/data/multi30k (relative to the repository root); trains (once, cached in `--cache-dir`) the recipe's
 8k BPE vocabulary.
@@ -64,7 +68,7 @@ from vaswani_transformer.hardware import has_native_bf16  # noqa: E402
 from vaswani_transformer.trainer import label_smoothed_cross_entropy  # noqa: E402
 
 MEANS = ("compile", "attention", "bernoulli-dropout", "plain-loss", "fp32-logits", "bf16-model",
-         "sparse-embedding-grads", "cast-once", "compile-sublayers", "unpadded-softmax")  # fmt: skip
+         "sparse-embedding-grads", "cast-once", "compile-sublayers", "unpadded-softmax", "fp32-kernel")  # fmt: skip
 CPU_ONLY = ("bernoulli-dropout", "plain-loss")  # elsewhere ours are torch's own dropout and cross-entropy
 BF16_ONLY = ("fp32-logits", "bf16-model", "cast-once")
 
@@ -73,9 +77,9 @@ class Step:
     """One model and its optimizer, and how its training step computes: `step(batch)` returns its seconds."""
 
     def __init__(self, model, device, bf16: bool, loss: str = "blocked", fp32_logits: bool = False,
-                 softmax_fast_keys: int | None = None):
+                 constants: dict | None = None):
         self.model, self.raw, self.device = model, getattr(model, "_orig_mod", model), device
-        self.softmax_fast_keys = softmax_fast_keys  # another `modeling._SOFTMAX_FAST_KEYS` during this step
+        self.constants = constants or {}  # other values of the modeling file's module constants during this step
         self.autocast = bf16 and next(self.raw.parameters()).dtype == torch.float32
         self.loss, self.fp32_logits = loss, fp32_logits
         self.masters = None
@@ -85,13 +89,14 @@ class Step:
         self.optimizer = torch.optim.Adam(weights, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
     def __call__(self, batch: dict) -> float:
-        if self.softmax_fast_keys is None:
-            return self._step(batch)
-        kept, modeling._SOFTMAX_FAST_KEYS = modeling._SOFTMAX_FAST_KEYS, self.softmax_fast_keys
+        kept = {name: getattr(modeling, name) for name in self.constants}
+        for name, value in self.constants.items():
+            setattr(modeling, name, value)
         try:
             return self._step(batch)
         finally:
-            modeling._SOFTMAX_FAST_KEYS = kept
+            for name, value in kept.items():
+                setattr(modeling, name, value)
 
     def _step(self, batch: dict) -> float:
         start = now(self.device)
@@ -183,7 +188,12 @@ def changed_step(means: str, config, device, bf16: bool, attention: str) -> tupl
             with_attention_inputs_cast_once(model), device, bf16
         )
     if means == "unpadded-softmax":
-        return "softmax over few keys not padded", Step(model, device, bf16, softmax_fast_keys=0)
+        return "softmax over few keys not padded", Step(model, device, bf16, constants={"_SOFTMAX_FAST_KEYS": 0})
+    if means == "fp32-kernel":
+        kernels = ("oneDNN", "MKL") if modeling._ONEDNN_FP32_FASTER else ("MKL", "oneDNN")
+        return f"float32 products by {kernels[1]}, not {kernels[0]}", Step(
+            model, device, bf16, constants={"_ONEDNN_FP32_FASTER": not modeling._ONEDNN_FP32_FASTER}
+        )
     if means == "compile-sublayers":
         return "compiled residual connections only", Step(with_compiled_sublayer_connections(model), device, bf16)
     raise ValueError(f"unknown means {means!r}; one of {MEANS}")
@@ -214,6 +224,9 @@ def main():
     parser.add_argument("--steps", type=int, default=80, help="timed updates of each of the two steps per row")
     parser.add_argument("--warmup", type=int, default=5, help="untimed updates of each step first")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--bf16", choices=("auto", "no"), default="auto",
+                        help="auto: the recipe's step (bf16 autocast where the device multiplies bf16 natively); "
+                             "no: the float32 step")  # fmt: skip
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "multi30k")
     parser.add_argument("--cache-dir", default=str(REPO / "runs" / "benchmark_cache"))
     add_device_argument(parser)
@@ -222,8 +235,10 @@ def main():
         torch.set_num_threads(args.threads)
     device = check_device(args.device)
     prepare_kernels(device)  # as train.py does, for both steps
-    bf16 = has_native_bf16(device.type)
+    bf16 = has_native_bf16(device.type) and args.bf16 == "auto"
     skipped = [*(CPU_ONLY if device.type != "cpu" else ()), *(BF16_ONLY if not bf16 else ())]
+    if bf16 or device.type != "cpu" or not modeling._HAS_ONEDNN_LINEAR:
+        skipped.append("fp32-kernel")
     means = [m for m in args.means if m not in skipped]
     with tempfile.TemporaryDirectory() as tmp:
         config = model_config(args.preset, prepare_batches(args, Path(tmp)))

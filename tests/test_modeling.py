@@ -1289,6 +1289,20 @@ def test_torch_func_grad_of_the_model_gives_its_backward_pass_s_gradients(monkey
         torch.testing.assert_close(gradients[name], p.grad, rtol=1e-4, atol=1e-6)
 
 
+def test_float32_products_go_to_onednn_on_the_cpus_where_it_was_measured_the_faster():
+    """The float32 rule as measured (`training_means.py --bf16 no --means fp32-kernel`, `generate` alternating): a
+    Zen 5 (AMD family 26) multiplies 1.6-2.3x faster through oneDNN's AVX-512 code than through MKL's AVX2 one; a Zen 4
+    (family 25), whose 512-bit vectors run as two halves, at par (and oneDNN held 1.7 GB against 0.9); on Intel CPUs
+    MKL runs AVX-512 itself; with AVX2 alone, or an unknown vendor, MKL stays."""
+    from vaswani_transformer.modeling_vaswani_transformer import _onednn_float32_faster
+
+    assert _onednn_float32_faster("AuthenticAMD", 26, "AVX512")
+    assert not _onednn_float32_faster("AuthenticAMD", 25, "AVX512")
+    assert not _onednn_float32_faster("AuthenticAMD", 26, "AVX2")
+    assert not _onednn_float32_faster("GenuineIntel", 6, "AVX512")
+    assert not _onednn_float32_faster("", 0, "AVX512")
+
+
 def _onednn_products(function) -> tuple[int, object]:
     """(the number of oneDNN linear products, the result) of `function()`."""
     with torch.profiler.profile() as profile:

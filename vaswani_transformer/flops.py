@@ -82,7 +82,8 @@ def measure_matmul_peak(dtype="float32", size: int = 2048, seconds: float = 2.0,
     """Measured FLOP/s of square `size` x `size` matrix products in `dtype` for about `seconds` (2 n^3 per product),
     with the torch threads currently set: the peak that a model FLOPs utilisation is measured against. In float32 on a
     CPU with oneDNN, the faster of torch's product and oneDNN's (each for half the time): the model's linear layers
-    multiply float32 through oneDNN where MKL's product is the slower (AMD CPUs with AVX-512: about half as fast)."""
+    multiply float32 through oneDNN where MKL's product is the slower (AMD CPUs with AVX-512 from Zen 5 on: about half
+    as fast)."""
     import time
 
     import torch

@@ -111,14 +111,22 @@ def _pack_min_weights(dtype: torch.dtype) -> int:
 # Packed at a layer's 4th use in a call: by then its plain products have cost about what packing costs (base's output
 # layer: 3 x 20 ms against 93 ms), so a short output never pays much more than it would have without packing.
 _PACK_AT_USE = 4
-# MKL multiplies float32 on its AVX2 path on x86 CPUs other than Intel's, oneDNN on AVX-512: 2.1-2.3x faster there
-# (Zen 5, 2 threads) from 16 rows up; below, MKL's lighter call wins for small weights, but not from 2^19 entries
-# (a beam step's 1-8 rows before its weights are packed: 1.1-1.6x with 1 thread, 1.9-3.4x with 2, where MKL's
-# product of so few rows stays on one). With AVX2 alone the two are within 10%.
-_ONEDNN_FP32_FASTER = (
-    _HAS_ONEDNN_LINEAR
-    and torch.backends.cpu.get_cpu_capability() == "AVX512"
-    and _CPU_VENDOR not in ("GenuineIntel", "")
+
+
+def _onednn_float32_faster(vendor: str, family: int, capability: str) -> bool:
+    """Whether oneDNN's float32 product beats MKL's on a CPU of this vendor, family and torch capability. MKL runs its
+    AVX2 code on x86 CPUs other than Intel's, oneDNN its AVX-512 code: 2.1-2.3x faster where 512-bit vectors run at
+    full width (Zen 5, family 26, 2 threads) from 16 rows up; below, MKL's lighter call wins for small weights, but not
+    from 2^19 entries (a beam step's 1-8 rows before its weights are packed: 1.1-1.6x with 1 thread, 1.9-3.4x with 2).
+    Earlier AMD CPUs (Zen 4, family 25) run a 512-bit vector as two halves: 0.96-1.04x in training and decoding, and
+    oneDNN's kernels per shape held 1.7 GB against MKL's 0.9. With AVX2 alone the two are within 10%."""
+    if capability != "AVX512" or vendor in ("GenuineIntel", ""):
+        return False
+    return not (vendor == "AuthenticAMD" and family < 26)
+
+
+_ONEDNN_FP32_FASTER = _HAS_ONEDNN_LINEAR and _onednn_float32_faster(
+    _CPU_VENDOR, int(cpuinfo_field("cpu family") or 0), torch.backends.cpu.get_cpu_capability()
 )
 _ONEDNN_MIN_ROWS, _ONEDNN_ANY_ROWS_WEIGHTS = 16, 1 << 19
 _PACKED_WEIGHTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("packed_weights", default=None)
@@ -312,8 +320,9 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     inside `packed_cpu_weights`, from its fourth use on (from the first where an earlier block's copy matches W),
     through oneDNN on a packed copy of W (of at least 512 x 512 entries, 512 x 1024 on Intel CPUs; in bf16 128 x 128):
     MKL's product on W as stored is 1.1-3x slower on x86, most at the few rows of a beam search step and the largest W
-    (in bf16, oneDNN's on W as stored, 1.2-2x). In float32 on AMD (and other non-Intel) AVX-512 CPUs, where MKL takes
-    its AVX2 path, through oneDNN on W as stored otherwise, training's gradients included. The layers stay
+    (in bf16, oneDNN's on W as stored, 1.2-2x). In float32 on AVX-512 CPUs not Intel's but for AMD's before Zen 5
+    (`_onednn_float32_faster`), where MKL takes its AVX2 path, through oneDNN on W as stored otherwise, training's
+    gradients included. The layers stay
     `nn.Linear`, so that torch's dynamic quantization, PEFT, bitsandbytes and hooks find and replace or watch them as
     in any model."""
     operands = _product_operands(layer)

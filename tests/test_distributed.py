@@ -105,6 +105,40 @@ def test_two_processes_see_different_batches_and_hold_identical_weights(tmp_path
     assert summary["num_processes"] == 2 and summary["target_tokens_seen"] > 0
 
 
+# The probe with rank 1's trainer clock running 100 times as fast as rank 0's: alone, rank 1 would place the decay and
+# stop within the first tenth of a second.
+CLOCK_AHEAD_ON_RANK_1 = textwrap.dedent(
+    """
+    import os, time, types
+    if os.environ.get("RANK") == "1":
+        import vaswani_transformer.trainer as trainer_module
+        trainer_module.time = types.SimpleNamespace(monotonic=lambda: 100 * time.monotonic(), time=time.time)
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_processes_follow_rank_0_s_clock_for_the_time_budget_and_its_decay(tmp_path):
+    """Under lr_decay_minutes both processes place the decay where rank 0's clock says and stop at the same update,
+    also when rank 1's clock reads otherwise: identical weights after every update, down to an annealed rate."""
+    data = write_fixture(tmp_path / "data", n_train=1200)
+    out, probe = tmp_path / "out", tmp_path / "probe.py"
+    probe.write_text(CLOCK_AHEAD_ON_RANK_1 + PROBE)
+    args = tiny_args(data, out, "--lr_schedule", "hf", "--learning_rate", "1e-3", "--lr_scheduler_type",
+                     "warmup_stable_decay", "--max_train_minutes", "0.2", "--lr_decay_minutes", "0.1",
+                     "--max_steps", "100000", "--save_strategy", "no")  # fmt: skip
+    i = args.index("--lr_factor")
+    result = launch(TWO_CPU_PROCESSES, probe, args[:i] + args[i + 2:], timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    ranks = [json.loads((out / f"probe_rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["digests"] == ranks[1]["digests"]
+    state = json.loads((out / "trainer_state.json").read_text())
+    placed = state["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["placed"]
+    assert placed["decay_start"] >= 10 and placed["decay_steps"] >= 1  # after the warmup (10 updates)
+    assert [s for s, _ in ranks[0]["digests"]] == list(range(1, state["global_step"] + 1))
+    assert state["global_step"] > placed["decay_start"] + 1
+
+
 @pytest.mark.slow
 def test_two_processes_resumed_inside_a_later_epoch_continue_as_the_uninterrupted_run(tmp_path):
     """A copy of checkpoint-12 (inside the second epoch) resumed by 2 processes sees, on each rank, the batches the

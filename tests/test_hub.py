@@ -298,11 +298,11 @@ def test_trainer_runs_get_the_same_repository(tmp_path, saved):
     assert "| updates (optimizer steps) | 1234 |" in card.text
 
 
-@pytest.mark.parametrize("schedule", ["paper", "hf"])
+@pytest.mark.parametrize("schedule", ["paper", "hf", "hf-clocked"])
 def test_card_shows_the_settings_of_the_schedule_in_use(tmp_path, saved, schedule):
     """The paper schedule: its factor, not the learning rate or transformers' schedule type it ignores; transformers'
     schedules (lr_schedule=hf): their type, arguments and learning rate, not the paper's factor (before, an hf run's
-    card showed `schedule factor 1` and no schedule)."""
+    card showed `schedule factor 1` and no schedule); a decay placed by the clock: the budget and its decay minutes."""
     from transformers import Seq2SeqTrainer
 
     from vaswani_transformer.train import VaswaniTrainingArguments
@@ -310,16 +310,22 @@ def test_card_shows_the_settings_of_the_schedule_in_use(tmp_path, saved, schedul
     folder, model, tokenizer = saved
     run = tmp_path / "run"
     shutil.copytree(folder, run)
+    lr_schedule, clocked = schedule.split("-")[0], schedule == "hf-clocked"
+    hf = lr_schedule == "hf"
+    kwargs = {"max_train_minutes": 2.0, "lr_decay_minutes": 0.5} if clocked else {
+        "lr_factor": 2.0, "lr_scheduler_kwargs": {"num_decay_steps": 20}}  # fmt: skip
     args = VaswaniTrainingArguments(
-        output_dir=str(run), report_to=[], max_steps=50, warmup_steps=10, lr_schedule=schedule, lr_factor=2.0,
-        learning_rate=1.1e-3, lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs={"num_decay_steps": 20},
+        output_dir=str(run), report_to=[], max_steps=50, warmup_steps=10, lr_schedule=lr_schedule,
+        learning_rate=1.1e-3, lr_scheduler_type="warmup_stable_decay", **kwargs,
     )  # fmt: skip
     card = write_model_card(run, trainer=Seq2SeqTrainer(model=model, args=args, processing_class=tokenizer)).text
-    rows = {"| schedule factor | 2 |": schedule == "paper", "| learning rate | 0.0011 |": schedule == "hf",
-            "| transformers schedule | warmup_stable_decay |": schedule == "hf",
-            '| schedule arguments | {"num_decay_steps": 20} |': schedule == "hf"}  # fmt: skip
+    rows = {"| schedule factor | 2 |": schedule == "paper", "| learning rate | 0.0011 |": hf,
+            "| transformers schedule | warmup_stable_decay |": hf,
+            '| schedule arguments | {"num_decay_steps": 20} |': schedule == "hf",
+            "| time budget (minutes) | 2 |": clocked,
+            "| decay over the budget's last (minutes) | 0.5 |": clocked}  # fmt: skip
     assert {row: row in card for row in rows} == rows
-    assert f"| learning-rate schedule | {schedule} |" in card and "| warmup steps | 10 |" in card
+    assert f"| learning-rate schedule | {lr_schedule} |" in card and "| warmup steps | 10 |" in card
 
 
 def test_generation_config_written_or_completed(tmp_path, saved):

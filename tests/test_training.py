@@ -1132,6 +1132,125 @@ def test_a_run_resumed_with_another_learning_rate_under_a_transformers_schedule_
         assert {n: logged[n] for n in rates} == pytest.approx(rates, rel=1e-12), run
 
 
+@pytest.mark.parametrize("warmup_type, decay_type, min_lr_ratio, num_cycles", [
+    ("linear", "cosine", 0.0, 0.5), ("cosine", "linear", 0.1, 0.5), ("1-sqrt", "1-sqrt", 0.0, 0.5),
+    ("linear", "cosine", 0.2, 0.8),
+])  # fmt: skip
+def test_the_clock_placed_decay_is_transformers_warmup_stable_decay_with_the_placed_numbers(
+    warmup_type, decay_type, min_lr_ratio, num_cycles
+):
+    """Before its decay is placed the peak is held after the warmup; placed at update 37 for 25 updates it gives, at
+    every step, what transformers' get_wsd_schedule gives with 37 - warmup stable updates and 25 decay updates."""
+    from transformers import get_wsd_schedule
+
+    from vaswani_transformer.trainer import ClockedWarmupStableDecay
+
+    shape = dict(warmup_type=warmup_type, decay_type=decay_type, min_lr_ratio=min_lr_ratio, num_cycles=num_cycles)
+    decay = ClockedWarmupStableDecay(8, **shape)
+    reference = get_wsd_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), num_warmup_steps=8,
+                                 num_decay_steps=25, num_stable_steps=37 - 8, **shape).lr_lambdas[0]  # fmt: skip
+    assert [decay(s) for s in range(8)] == pytest.approx([reference(s) for s in range(8)], abs=1e-15)
+    assert [decay(s) for s in range(8, 500)] == [1.0] * 492
+    decay.decay_start, decay.decay_steps = 37, 25
+    assert [decay(s) for s in range(70)] == pytest.approx([reference(s) for s in range(70)], abs=1e-15)
+    with pytest.raises(ValueError, match="decay_type 'exp' is not one of warmup_stable_decay's"):
+        ClockedWarmupStableDecay(8, decay_type="exp")
+
+
+class _ClockOfUpdates(TrainerCallback):
+    """A clock at which each update takes one second: the trainer's clock reads the number of updates trained."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    time = monotonic
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.now = float(state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):  # (added first: runs before the trainer's callbacks)
+        self.now = float(state.global_step)
+
+
+def test_lr_decay_minutes_anneals_over_the_budget_s_last_minutes_and_a_resumed_run_ends_where_planned(
+    tmp_path, monkeypatch
+):
+    """Budget 2 minutes, the decay over the last 0.5, at one update a second: the decay begins after update 90 (the
+    budget's last 30 s) and gets the 30 updates the speed says fit, so training ends at update 120 at the budget, each
+    update at transformers' warmup_stable_decay rate with 10 warmup, 80 stable and 30 decay updates. The placement is
+    recorded for the plots, and a run resumed inside the decay (checkpoint 100) ends at the same update with the same
+    rates, whatever its own clock says."""
+    import vaswani_transformer.trainer as trainer_module
+    from vaswani_transformer.plots import learning_rate_schedule
+
+    data = write_fixture(tmp_path / "data", n_train=40)
+    out, clock, record = tmp_path / "out", _ClockOfUpdates(), _RecordRates()
+    monkeypatch.setattr(trainer_module, "time", clock)
+
+    def clocked(output_dir: Path, *extra: str) -> list[str]:
+        args = tiny_args(data, output_dir, "--lr_schedule", "hf", "--learning_rate", "1e-3", "--lr_scheduler_type",
+                         "warmup_stable_decay", "--max_train_minutes", "2", "--lr_decay_minutes", "0.5",
+                         "--max_steps", "1000", "--save_steps", "100", "--logging_steps", "1", *extra)  # fmt: skip
+        i = args.index("--lr_factor")
+        return args[:i] + args[i + 2:]
+
+    def wsd(n: int) -> float:  # transformers' schedule, update n (1-based) at the rate after n - 1 scheduler steps
+        from transformers import get_wsd_schedule
+
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        return 1e-3 * get_wsd_schedule(optimizer, 10, 30, num_training_steps=120).lr_lambdas[0](n - 1)
+
+    run_from_args(clocked(out), callbacks=[clock, record])
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 120 and state["max_steps"] == 120
+    assert state["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["placed"] == {"decay_start": 90,
+                                                                                        "decay_steps": 30}
+    assert record.rates == pytest.approx({n: wsd(n) for n in range(1, 121)}, rel=1e-12, abs=1e-18)
+    assert record.rates[91] == 1e-3 and record.rates[120] < 0.01 * 1e-3  # held to update 91, annealed at the end
+    assert logged_rates(out / "trainer_state.json") == pytest.approx(record.rates, rel=1e-12, abs=1e-18)
+    schedule = learning_rate_schedule(out)  # the plots draw the rates the run used
+    assert schedule.max_steps == 120 and schedule.rates(range(1, 121)) == pytest.approx(
+        [record.rates[n] for n in range(1, 121)], rel=1e-12, abs=1e-18)
+    recipe = tmp_path / "recipe.yaml"  # a recipe's: known only once a run has placed it
+    recipe.write_text("output_dir: out\nlr_schedule: hf\nlr_scheduler_type: warmup_stable_decay\nlearning_rate: 0.001\n"
+                      "warmup_steps: 10\nmax_steps: 1000\nmax_train_minutes: 2\nlr_decay_minutes: 0.5\n")
+    with pytest.raises(ValueError, match="lr_decay_minutes=0.5 places the decay by the clock"):
+        learning_rate_schedule(recipe)
+    resumed = _RecordRates()
+    run_from_args(clocked(tmp_path / "resumed", "--resume_from_checkpoint", str(out / "checkpoint-100")),
+                  callbacks=[clock, resumed])  # fmt: skip
+    assert sorted(resumed.rates) == list(range(101, 121))
+    assert resumed.rates == pytest.approx({n: record.rates[n] for n in resumed.rates}, rel=1e-12, abs=1e-18)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr_decay_minutes", "1"], r"it needs max_train_minutes above it \(now None\)"),
+    (["--lr_decay_minutes", "2", "--max_train_minutes", "2"], r"it needs max_train_minutes above it \(now 2.0\)"),
+    (["--lr_decay_minutes", "1", "--max_train_minutes", "2"], r"lr_schedule=hf and lr_scheduler_type=warmup_stable_"
+                                                              r"decay \(now paper and linear\)"),
+    (["--lr_decay_minutes", "1", "--max_train_minutes", "2", "--lr_schedule", "hf", "--lr_scheduler_type", "cosine"],
+     r"\(now hf and cosine\)"),
+    (["--lr_decay_minutes", "1", "--max_train_minutes", "2", "--lr_schedule", "hf", "--lr_scheduler_type",
+      "warmup_stable_decay", "--lr_scheduler_kwargs", '{"num_decay_steps": 5}'],
+     r"\['num_decay_steps'\] with lr_decay_minutes: the clock places the decay"),
+    (["--lr_decay_minutes", "1", "--max_train_minutes", "2", "--lr_schedule", "hf", "--lr_scheduler_type",
+      "warmup_stable_decay", "--lr_scheduler_kwargs", '{"decay": "linear"}'], r"\['decay'\] .* not arguments of"),
+    (["--lr_decay_minutes", "1", "--max_train_minutes", "2", "--lr_schedule", "hf", "--lr_scheduler_type",
+      "warmup_stable_decay", "--warmup_steps", "0.1"], r"needs warmup_steps in updates, got 0.1"),
+    (["--lr_decay_minutes", "-1", "--max_train_minutes", "2"], r"lr_decay_minutes must be positive, got -1.0"),
+])  # fmt: skip
+def test_lr_decay_minutes_without_a_longer_budget_or_beside_another_schedule_is_an_error(tmp_path, flags, message):
+    with pytest.raises(ValueError, match=message):
+        parse_arguments(["--output_dir", str(tmp_path), *flags])
+    given = parse_arguments(["--output_dir", str(tmp_path), "--lr_decay_minutes", "1", "--max_train_minutes", "2",
+                             "--lr_schedule", "hf", "--lr_scheduler_type", "warmup_stable_decay",
+                             "--lr_scheduler_kwargs", '{"decay_type": "linear", "min_lr_ratio": 0.1}'])[2]  # fmt: skip
+    assert given.lr_decay_minutes == 1.0 and given.lr_scheduler_kwargs == {"decay_type": "linear", "min_lr_ratio": 0.1}
+
+
 def test_running_a_finished_job_again_with_resume_latest_trains_nothing_more(tmp_path):
     """A finished run (max_steps 7, not a whole number of epochs) run again with --resume_from_checkpoint latest (a
     re-queued job): no update past max_steps, the same final weights, no new checkpoint. Before, transformers' loop

@@ -60,6 +60,8 @@ TRAINING_FIELDS = {
     "lr_scheduler_kwargs": "schedule arguments",
     "learning_rate": "learning rate",
     "warmup_steps": "warmup steps",
+    "max_train_minutes": "time budget (minutes)",
+    "lr_decay_minutes": "decay over the budget's last (minutes)",
     "label_smoothing_factor": "label smoothing",
     "weight_decay": "weight decay",
     "max_grad_norm": "gradient clipping",

@@ -194,6 +194,9 @@ def _schedule_from_recipe(path: Path, max_steps: int | None) -> LearningRateSche
     if not steps or steps < 1:
         raise ValueError(f"{path}: the recipe trains for a number of epochs (max_steps is not set), so its number "
                          "of updates depends on the data: give max_steps (--max_steps) to plot the schedule.")
+    if args.lr_decay_minutes:
+        raise ValueError(f"{path}: lr_decay_minutes={args.lr_decay_minutes} places the decay by the clock, so its "
+                         "updates depend on the machine: plot a finished run's folder instead.")
     scheduler_type = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)  # an enum in the arguments
     return LearningRateSchedule(
         lr_schedule=args.lr_schedule, d_model=config.d_model, warmup=args.get_warmup_steps(steps), max_steps=steps,
@@ -218,13 +221,20 @@ def _schedule_from_run(folder: Path, max_steps: int | None) -> LearningRateSched
     steps = own or max_steps
     if not steps or steps < 1 or not d_model:
         raise ValueError(f"{folder}: cannot tell the run's number of updates or d_model; give --max_steps.")
+    kwargs = dict(args.get("lr_scheduler_kwargs") or {})
+    if args.get("lr_decay_minutes"):  # the clock placed the decay: warmup_stable_decay with its recorded numbers
+        budget = (state.get("stateful_callbacks") or {}).get("TimeBudgetCallback") or {}
+        placed = (budget[0] if isinstance(budget, list) and budget else budget).get("attributes", {}).get("placed")
+        if placed:
+            steps, kwargs["num_decay_steps"] = placed["decay_start"] + placed["decay_steps"], placed["decay_steps"]
+        else:  # stopped before its decay began: the peak held
+            steps, kwargs["num_decay_steps"] = state.get("global_step") or steps, 0
     return LearningRateSchedule(
         lr_schedule=args.get("lr_schedule", "paper"), d_model=int(d_model),
         warmup=_warmup_updates(float(args.get("warmup_steps", 0)), steps), max_steps=int(steps),
         lr_factor=float(args.get("lr_factor", 1.0)), learning_rate=args.get("learning_rate"),
         lr_scheduler_type=str(args.get("lr_scheduler_type", "linear")),
-        lr_scheduler_kwargs=dict(args.get("lr_scheduler_kwargs") or {}), source=str(folder),
-        stopped_at=state.get("global_step") or None,
+        lr_scheduler_kwargs=kwargs, source=str(folder), stopped_at=state.get("global_step") or None,
     )  # fmt: skip
 
 

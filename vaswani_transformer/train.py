@@ -81,6 +81,7 @@ from .tokenization import check_tokenizer_matches_config, config_kwargs_from_tok
 from .trainer import (
     LR_SCHEDULES,
     CheckpointWriteError,
+    ClockedWarmupStableDecay,
     NonFiniteLossError,
     VaswaniSeq2SeqTrainer,
     gradient_accumulation_for,
@@ -238,6 +239,12 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
         metadata={"help": "Wall-clock budget: stop (and save) after this many minutes of training; max_steps still "
                   "applies. Counted from this run's start: a resumed run gets the whole budget again."},
     )
+    lr_decay_minutes: float | None = field(
+        default=None,
+        metadata={"help": "With max_train_minutes and lr_scheduler_type warmup_stable_decay: anneal over the budget's "
+                  "last N minutes, with as many updates as the run's speed says fit (no num_decay_steps), so the run "
+                  "ends annealed on any machine; lr_scheduler_kwargs may set warmup_type, decay_type, min_lr_ratio."},
+    )
     predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
     report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Loggers (tensorboard)."})
     logging_first_step: bool = field(default=True, metadata={"help": "Log the first update."})
@@ -278,6 +285,33 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
             if warning:
                 logger.warning(warning)
         super().__post_init__()
+        if self.lr_decay_minutes is not None:
+            self._check_lr_decay_minutes()
+
+    def _check_lr_decay_minutes(self):
+        """The clock-placed decay (``lr_decay_minutes``) needs a time budget longer than it and transformers'
+        warmup_stable_decay, whose number of decay and stable updates it sets itself."""
+        scheduler = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
+        kwargs = dict(self.lr_scheduler_kwargs or {})
+        if not 0 < self.lr_decay_minutes < float("inf"):
+            raise ValueError(f"lr_decay_minutes must be positive, got {self.lr_decay_minutes}.")
+        if self.max_train_minutes is None or self.lr_decay_minutes >= self.max_train_minutes:
+            raise ValueError(f"lr_decay_minutes={self.lr_decay_minutes} anneals over the last minutes of the time "
+                             f"budget: it needs max_train_minutes above it (now {self.max_train_minutes}).")
+        if self.lr_schedule != "hf" or scheduler != "warmup_stable_decay":
+            raise ValueError(f"lr_decay_minutes places the decay of transformers' warmup_stable_decay: it needs "
+                             f"lr_schedule=hf and lr_scheduler_type=warmup_stable_decay (now {self.lr_schedule} and "
+                             f"{scheduler}).")
+        placed = sorted(set(kwargs) & {"num_decay_steps", "num_stable_steps", "num_training_steps"})
+        unknown = sorted(set(kwargs) - {"warmup_type", "decay_type", "min_lr_ratio", "num_cycles", *placed})
+        if placed or unknown:
+            raise ValueError(f"lr_scheduler_kwargs {placed or unknown} with lr_decay_minutes: "
+                             + ("the clock places the decay (leave them out)." if placed else "not arguments of "
+                                "warmup_stable_decay (warmup_type, decay_type, min_lr_ratio, num_cycles)."))
+        if self.warmup_steps != int(self.warmup_steps):
+            raise ValueError(f"lr_decay_minutes needs warmup_steps in updates, got {self.warmup_steps} (a fraction of "
+                             "max_steps, which the clock decides).")
+        ClockedWarmupStableDecay(int(self.warmup_steps), **kwargs)  # a bad warmup_type or decay_type, now
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataTrainingArguments, VaswaniTrainingArguments)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import math
 import os
 import re
 import shutil
@@ -95,6 +96,48 @@ def paper_lr_scheduler(
             raise ValueError(f"The optimizer's learning rate must be positive, got {base}.")
         lambdas.append(lambda s, base=base: paper_learning_rate(s + 1, d_model, int(warmup_steps), factor) / base)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas, last_epoch=last_epoch)
+
+
+WSD_SHAPES = ("linear", "cosine", "1-sqrt")  # transformers' warmup_type and decay_type of warmup_stable_decay
+
+
+class ClockedWarmupStableDecay:
+    """transformers' ``warmup_stable_decay`` multiplier (``get_wsd_schedule``: warmup, the peak held, a decay to
+    ``min_lr_ratio``) whose decay the clock places: ``decay_start`` and ``decay_steps`` stay None, the peak held, until
+    :class:`TimeBudgetCallback` sets them ``lr_decay_minutes`` before the time budget's end. A callable object, so
+    ``LambdaLR`` keeps them in the scheduler's state: a resumed run continues the decay it was in."""
+
+    def __init__(self, num_warmup_steps: int, warmup_type: str = "linear", decay_type: str = "cosine",
+                 min_lr_ratio: float = 0.0, num_cycles: float = 0.5):  # fmt: skip
+        for name, shape in (("warmup_type", warmup_type), ("decay_type", decay_type)):
+            if shape not in WSD_SHAPES:
+                raise ValueError(f"{name} {shape!r} is not one of warmup_stable_decay's: {', '.join(WSD_SHAPES)}.")
+        self.num_warmup_steps, self.warmup_type, self.decay_type = int(num_warmup_steps), warmup_type, decay_type
+        self.min_lr_ratio, self.num_cycles = float(min_lr_ratio), float(num_cycles)
+        self.decay_start: int | None = None  # the scheduler step the decay starts at (the updates trained before it)
+        self.decay_steps: int | None = None
+
+    def __call__(self, step: int) -> float:
+        if step < self.num_warmup_steps:
+            progress, shape = step / max(1, self.num_warmup_steps), self.warmup_type
+            factor = {"linear": progress, "cosine": 0.5 * (1 - math.cos(math.pi * progress)),
+                      "1-sqrt": 1 - math.sqrt(1 - progress)}[shape]  # fmt: skip
+        elif self.decay_start is None or step < self.decay_start:
+            return 1.0
+        elif step < self.decay_start + self.decay_steps:
+            progress = (step - self.decay_start) / max(1, self.decay_steps)
+            factor = {"linear": 1 - progress, "cosine": 0.5 * (1 + math.cos(2 * math.pi * self.num_cycles * progress)),
+                      "1-sqrt": 1 - math.sqrt(progress)}[self.decay_type]  # fmt: skip
+        else:
+            return self.min_lr_ratio
+        return max(0.0, factor * (1 - self.min_lr_ratio) + self.min_lr_ratio)
+
+
+def clocked_decay(scheduler) -> ClockedWarmupStableDecay | None:
+    """The clock-placed decay a scheduler (or accelerate's wrapper of one) follows, if any."""
+    scheduler = getattr(scheduler, "scheduler", scheduler)
+    found = [f for f in getattr(scheduler, "lr_lambdas", ()) if isinstance(f, ClockedWarmupStableDecay)]
+    return found[0] if found else None
 
 
 # transformers' default `optim` values, which give the paper's Adam (:func:`build_optimizer`); any other `--optim`
@@ -338,15 +381,20 @@ def write_failure(error: BaseException, folder: str) -> tuple[str, str] | None:
     return "a write failed (I/O error)", str(path)
 
 
-def rank0_decides(flag: bool) -> bool:
-    """Rank 0's value of ``flag`` on every process (clocks differ between processes; decisions must not)."""
+def rank0_values(values: list[int]) -> list[int]:
+    """Rank 0's ``values`` on every process (clocks differ between processes; decisions must not)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        tensor = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        tensor = torch.tensor(values, dtype=torch.int64)
         if torch.distributed.get_backend() == "nccl":
             tensor = tensor.cuda()
         torch.distributed.broadcast(tensor, src=0)
-        return bool(tensor.item())
-    return flag
+        return tensor.tolist()
+    return list(values)
+
+
+def rank0_decides(flag: bool) -> bool:
+    """Rank 0's value of ``flag`` on every process."""
+    return bool(rank0_values([int(flag)])[0])
 
 
 class _WallClockCallback(TrainerCallback):
@@ -375,16 +423,75 @@ class SaveEveryMinutesCallback(_WallClockCallback):
         self.start = time.monotonic()
 
 
-class TimeBudgetCallback(_WallClockCallback):
+class TimeBudgetCallback(_WallClockCallback, ExportableState):
     """Stop training (saving a final checkpoint) once ``minutes`` of wall time have passed since this run's training
-    began (decided on rank 0): a resumed run gets the whole budget again, not what the earlier runs left of it."""
+    began (decided on rank 0): a resumed run gets the whole budget again, not what the earlier runs left of it.
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.time_is_up():
+    With ``decay_minutes`` (``lr_decay_minutes``, under :class:`ClockedWarmupStableDecay`) it also places the decay:
+    once the budget's last ``decay_minutes`` begin (and not before the warmup's end), the decay gets as many updates as
+    the speed of the run's recent half says fit in the minutes left, and training ends with its last one: the run
+    ends annealed on any machine. The placement is kept in the scheduler's state (a resumed run ends where it was
+    planned) and in ``trainer_state.json`` (``stateful_callbacks``, for the plots)."""
+
+    def __init__(self, minutes: float, decay_minutes: float | None = None):
+        super().__init__(minutes)
+        self.decay_seconds = decay_minutes * 60.0 if decay_minutes else None
+        self.progress: list[tuple[float, int]] = []  # (seconds since the start, updates) after each update
+        self.placed: dict[str, int] = {}
+
+    def state(self) -> dict:
+        return {"args": {"minutes": self.seconds / 60, "decay_minutes": self.decay_seconds and self.decay_seconds / 60},
+                "attributes": {"placed": dict(self.placed)}}  # fmt: skip
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        self.progress = [(0.0, state.global_step)]
+        decay = clocked_decay(lr_scheduler)
+        if decay is not None and decay.decay_start is not None:  # resumed in the decay: it ends where planned
+            self._end_with(decay, state)
+
+    def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
+        elapsed = time.monotonic() - self.start
+        decay = clocked_decay(lr_scheduler) if self.decay_seconds else None
+        decay_steps = 0
+        if decay is not None and decay.decay_start is None:
+            self.progress.append((elapsed, state.global_step))
+            if elapsed >= self.seconds - self.decay_seconds and state.global_step >= decay.num_warmup_steps:
+                decay_steps = max(1, int(self._updates_per_second(elapsed) * (self.seconds - elapsed)))
+        time_is_up, decay_steps = rank0_values([int(elapsed >= self.seconds), decay_steps])
+        if decay_steps:
+            decay.decay_start, decay.decay_steps = state.global_step, decay_steps
+            self._end_with(decay, state)
+            logger.info("lr_decay_minutes: the decay begins after update %d and lasts %d updates.",
+                        state.global_step, decay_steps)  # fmt: skip
+        if time_is_up:
             logger.info("max_train_minutes=%s reached at update %d: stopping.", self.seconds / 60, state.global_step)
+            if decay is not None and decay.decay_start is not None and state.global_step < state.max_steps:
+                logger.warning("The time budget ended training at update %d, before the end of its decay at update %s "
+                               "(the run slowed down during the decay): the last updates trained at %.3g of the peak "
+                               "rate.", state.global_step, state.max_steps, decay(state.global_step))  # fmt: skip
             control.should_training_stop = True
             control.should_save = True
         return control
+
+    def on_train_end(self, args, state, control, lr_scheduler=None, **kwargs):
+        decay = clocked_decay(lr_scheduler) if self.decay_seconds else None
+        if decay is not None and decay.decay_start is None:
+            logger.warning("Training ended at update %d before its decay began (the time budget's last "
+                           "lr_decay_minutes, after the warmup): the rate was never annealed. Raise max_steps, or "
+                           "shorten the warmup.",
+                           state.global_step)  # fmt: skip
+
+    def _updates_per_second(self, elapsed: float) -> float:
+        """Updates per second over the second half of the time so far (the first updates build kernels per shape)."""
+        since, updates = next((t, n) for t, n in self.progress if t >= elapsed / 2)
+        if elapsed <= since:
+            since, updates = self.progress[0]
+        return (self.progress[-1][1] - updates) / max(elapsed - since, 1e-9)
+
+    def _end_with(self, decay: ClockedWarmupStableDecay, state) -> None:
+        state.max_steps = decay.decay_start + decay.decay_steps
+        self.placed = {"decay_start": decay.decay_start, "decay_steps": decay.decay_steps}
 
 
 class TrainingTotalsCallback(TrainerCallback, ExportableState):
@@ -499,7 +606,8 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
         if getattr(self.args, "save_every_minutes", None):
             self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))
         if getattr(self.args, "max_train_minutes", None):
-            self.add_callback(TimeBudgetCallback(self.args.max_train_minutes))
+            budget = TimeBudgetCallback(self.args.max_train_minutes, getattr(self.args, "lr_decay_minutes", None))
+            self.add_callback(budget)
         self.add_callback(SaveAtEndCallback())  # after the callbacks that stop training
 
     # -- optimisation
@@ -516,6 +624,10 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
             if self.optimizer is not None and self.lr_scheduler is None:
                 for group in self.optimizer.param_groups:
                     group["lr"] = self.args.learning_rate
+            if getattr(self.args, "lr_decay_minutes", None) and self.lr_scheduler is None:  # placed by the clock
+                decay = ClockedWarmupStableDecay(int(self.args.warmup_steps), **(self.args.lr_scheduler_kwargs or {}))
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, decay)
+                self._created_lr_scheduler = True
             return super().create_scheduler(num_training_steps, optimizer)
         if self.lr_scheduler is None:
             d_model = self.accelerator.unwrap_model(self.model).config.d_model
@@ -924,6 +1036,7 @@ __all__ = [
     "SaveEveryMinutesCallback",
     "TRAINING_ARGS_JSON",
     "TimeBudgetCallback",
+    "ClockedWarmupStableDecay",
     "TrainingTotalsCallback",
     "VaswaniSeq2SeqTrainer",
     "build_optimizer",
@@ -932,6 +1045,7 @@ __all__ = [
     "paper_learning_rate",
     "paper_lr_scheduler",
     "rank0_decides",
+    "rank0_values",
     "skip_cudnn_attention",
     "uses_paper_optimizer",
     "write_failure",

@@ -479,8 +479,7 @@ class TimeBudgetCallback(_WallClockCallback, ExportableState):
         if decay is not None and decay.decay_start is None:
             logger.warning("Training ended at update %d before its decay began (the time budget's last "
                            "lr_decay_minutes, after the warmup): the rate was never annealed. Raise max_steps, or "
-                           "shorten the warmup.",
-                           state.global_step)  # fmt: skip
+                           "shorten the warmup.", state.global_step)  # fmt: skip
 
     def _updates_per_second(self, elapsed: float) -> float:
         """Updates per second over the second half of the time so far (the first updates build kernels per shape)."""
@@ -1031,12 +1030,12 @@ class VaswaniSeq2SeqTrainer(Seq2SeqTrainer):
 __all__ = [
     "LR_SCHEDULES",
     "CheckpointWriteError",
+    "ClockedWarmupStableDecay",
     "NonFiniteLossError",
     "SaveAtEndCallback",
     "SaveEveryMinutesCallback",
     "TRAINING_ARGS_JSON",
     "TimeBudgetCallback",
-    "ClockedWarmupStableDecay",
     "TrainingTotalsCallback",
     "VaswaniSeq2SeqTrainer",
     "build_optimizer",

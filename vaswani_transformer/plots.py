@@ -25,7 +25,7 @@ import torch
 from . import cli
 from .checkpoints import TRAINER_STATE_NAME
 from .modeling_vaswani_transformer import SinusoidalPositionalEncoding
-from .trainer import TRAINING_ARGS_JSON, paper_lr_scheduler
+from .trainer import TRAINING_ARGS_JSON, paper_lr_scheduler, saved_callback_attributes
 
 PathLike = str | os.PathLike
 DPI = 100  # every picture: figure size in inches x 100 = pixels
@@ -223,8 +223,7 @@ def _schedule_from_run(folder: Path, max_steps: int | None) -> LearningRateSched
         raise ValueError(f"{folder}: cannot tell the run's number of updates or d_model; give --max_steps.")
     kwargs = dict(args.get("lr_scheduler_kwargs") or {})
     if args.get("lr_decay_minutes"):  # the clock placed the decay: warmup_stable_decay with its recorded numbers
-        budget = (state.get("stateful_callbacks") or {}).get("TimeBudgetCallback") or {}
-        placed = (budget[0] if isinstance(budget, list) and budget else budget).get("attributes", {}).get("placed")
+        placed = saved_callback_attributes(state.get("stateful_callbacks"), "TimeBudgetCallback").get("placed")
         if placed:
             steps, kwargs["num_decay_steps"] = placed["decay_start"] + placed["decay_steps"], placed["decay_steps"]
         else:  # stopped before its decay began: the peak held

@@ -397,6 +397,14 @@ def rank0_decides(flag: bool) -> bool:
     return bool(rank0_values([int(flag)])[0])
 
 
+def saved_callback_attributes(stateful_callbacks: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    """The attributes an ``ExportableState`` callback ``name`` saved in a trainer state's ``stateful_callbacks`` (one
+    entry, or a list of them for several instances: the first); {} when it saved none."""
+    saved = (stateful_callbacks or {}).get(name)
+    saved = saved[0] if isinstance(saved, list) and saved else saved
+    return saved.get("attributes", {}) if isinstance(saved, dict) else {}
+
+
 class _WallClockCallback(TrainerCallback):
     """Whether ``minutes`` of wall time passed since ``start`` (the beginning of training), decided on rank 0."""
 
@@ -525,9 +533,7 @@ class TrainingTotalsCallback(TrainerCallback, ExportableState):
             self.at_start = {"source": 0, "target": 0, "seconds": 0.0}
             return
         # resumed: the state is the checkpoint's
-        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
-        saved = saved[0] if isinstance(saved, list) and saved else saved
-        attributes = saved.get("attributes", {}) if isinstance(saved, dict) else {}
+        attributes = saved_callback_attributes(state.stateful_callbacks, type(self).__name__)
         before = attributes.get("batching") or {}
         # (a checkpoint written before a setting was recorded says nothing about it)
         changed = ", ".join(f"{k} {before[k]} -> {v}" for k, v in (self.batching or {}).items()
